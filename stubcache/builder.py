@@ -1,0 +1,242 @@
+"""Builds one spec in its own private staging directory.
+
+Two paths, recorded in the key and the manifest:
+
+* ``load_inline``: torch's own ``load_inline`` with ``build_directory`` = the private staging
+  directory (so no two builds ever share ``main.cpp``) and ``is_python_module=False`` (torch
+  builds the same binary either way; we import the published copy ourselves).
+* ``direct``: for a plain C/C++ library that needs neither torch headers nor a Python module
+  nor CUDA, one compiler invocation with the flags torch would use. It does not import torch.
+
+Both link with ``-Wl,--as-needed`` so a stub that does not use torch does not need libtorch.
+"""
+
+from __future__ import annotations
+
+import glob
+import inspect
+import logging
+import os
+import shlex
+import shutil
+import subprocess
+import threading
+import time
+
+from .errors import BuildError
+from .fingerprint import torch_dir
+from .spec import StubSpec
+
+log = logging.getLogger("stubcache")
+
+AS_NEEDED = "-Wl,--as-needed"
+_torch_lock = threading.Lock()
+_warned_no_implicit = False
+
+
+class BuildResult:
+    """What a build produced, before publish."""
+
+    __slots__ = ("library", "module_name", "headers", "method", "seconds", "log")
+
+    def __init__(self, library: str, module_name: str, headers: dict, method: str, seconds: float, log: str):
+        self.library = library
+        self.module_name = module_name
+        self.headers = headers
+        self.method = method
+        self.seconds = seconds
+        self.log = log
+
+
+def build(spec: StubSpec, build_dir: str) -> BuildResult:
+    """Build ``spec`` inside ``build_dir`` (which must be private to this build)."""
+    t0 = time.perf_counter()
+    if spec.build_method == "direct":
+        library, out, deps = _build_direct(spec, build_dir)
+    else:
+        library, out, deps = _build_load_inline(spec, build_dir)
+    headers = tracked_headers(spec, deps)
+    module_name = os.path.basename(library).split(".", 1)[0]
+    return BuildResult(library, module_name, headers, spec.build_method, time.perf_counter() - t0, out)
+
+
+# --- the direct path ------------------------------------------------------------------------
+
+
+def direct_command(spec: StubSpec, source: str, output: str, depfile: str) -> list[str]:
+    """The single compiler invocation equivalent to torch's compile + link steps (pure)."""
+    import sysconfig
+
+    cxx = os.environ.get("CXX", "c++")
+    cmd = [cxx, "-MMD", "-MF", depfile,
+           f"-DTORCH_EXTENSION_NAME={spec.name}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
+    cmd += [f"-I{p}" for p in spec.extra_include_paths]
+    tdir = torch_dir()
+    if tdir:
+        cmd += ["-isystem", os.path.join(tdir, "include"),
+                "-isystem", os.path.join(tdir, "include", "torch", "csrc", "api", "include")]
+    py_inc = sysconfig.get_path("include", scheme="posix_prefix")
+    if py_inc:
+        cmd += ["-isystem", py_inc]
+    cmd += ["-fPIC", "-std=c++20", *spec.extra_cflags, source, "-shared", AS_NEEDED,
+            *spec.extra_ldflags, "-o", output]
+    return cmd
+
+
+def _build_direct(spec: StubSpec, build_dir: str) -> tuple[str, str, list[str]]:
+    source = os.path.join(build_dir, "main.cpp")
+    with open(source, "w", encoding="utf-8") as fh:
+        fh.write("\n".join(spec.cpp_sources))
+    output = os.path.join(build_dir, f"{spec.name}.so")
+    depfile = os.path.join(build_dir, "main.d")
+    cmd = direct_command(spec, source, output, depfile)
+    try:
+        proc = subprocess.run(cmd, cwd=build_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
+    except OSError as exc:
+        raise BuildError(f"cannot run the compiler {cmd[0]!r}: {exc}; set CXX or install a C++ compiler",
+                         name=spec.name) from None
+    out = proc.stdout.decode("utf-8", "replace")
+    text = "$ " + shlex.join(cmd) + "\n" + out
+    if proc.returncode != 0 or not os.path.isfile(output):
+        raise BuildError(f"error building stub {spec.name!r} (exit {proc.returncode})", output=text, name=spec.name)
+    return output, text, _parse_depfile(depfile)
+
+
+def _parse_depfile(path: str) -> list[str]:
+    try:
+        with open(path, encoding="utf-8", errors="surrogateescape") as fh:
+            text = fh.read()
+    except OSError:
+        return []
+    text = text.replace("\\\n", " ")
+    out: list[str] = []
+    for line in text.splitlines():
+        if ":" not in line:
+            continue
+        _, rest = line.split(":", 1)
+        token = ""
+        i = 0
+        while i < len(rest):
+            c = rest[i]
+            if c == "\\" and i + 1 < len(rest) and rest[i + 1] == " ":
+                token += " "
+                i += 2
+                continue
+            if c.isspace():
+                if token:
+                    out.append(token)
+                token = ""
+            else:
+                token += c
+            i += 1
+        if token:
+            out.append(token)
+    return out
+
+
+# --- the load_inline path -------------------------------------------------------------------
+
+
+def _build_load_inline(spec: StubSpec, build_dir: str) -> tuple[str, str, list[str]]:
+    global _warned_no_implicit
+    try:
+        import torch.utils.cpp_extension as cpp_ext
+    except ImportError as exc:
+        raise BuildError(f"building stub {spec.name!r} needs torch ({exc})", name=spec.name) from None
+    kwargs = dict(
+        name=spec.name,
+        cpp_sources=list(spec.cpp_sources),
+        cuda_sources=list(spec.cuda_sources) or None,
+        functions=dict(spec.functions) if spec.functions is not None else None,
+        extra_cflags=list(spec.extra_cflags),
+        extra_cuda_cflags=list(spec.extra_cuda_cflags),
+        extra_ldflags=[AS_NEEDED, *spec.extra_ldflags],
+        extra_include_paths=list(spec.extra_include_paths),
+        build_directory=build_dir,
+        verbose=False,
+        with_cuda=spec.with_cuda,
+        is_python_module=False,
+        with_pytorch_error_handling=spec.with_pytorch_error_handling,
+    )
+    if spec.skips_implicit_headers:
+        if "no_implicit_headers" in inspect.signature(cpp_ext.load_inline).parameters:
+            kwargs["no_implicit_headers"] = True
+        elif not _warned_no_implicit:
+            _warned_no_implicit = True
+            log.warning("stubcache: this torch has no load_inline(no_implicit_headers=); "
+                        "stubs are built with torch's implicit headers (slow). Upgrade to torch>=2.8.")
+    with _torch_lock:
+        # torch renames a second build of one name in a process to <name>_v1 (its in-memory
+        # versioner); every stubcache build is fresh, so keep the name stable.
+        versioner = getattr(cpp_ext, "JIT_EXTENSION_VERSIONER", None)
+        entries = getattr(versioner, "entries", None)
+        if isinstance(entries, dict):
+            entries.pop(spec.name, None)
+        try:
+            cpp_ext.load_inline(**kwargs)
+        except Exception as exc:  # torch raises RuntimeError with ninja's output, or others
+            raise BuildError(f"error building stub {spec.name!r}", output=str(exc), name=spec.name) from None
+    libs = [p for p in glob.glob(os.path.join(build_dir, "*.so"))]
+    if len(libs) != 1:
+        raise BuildError(f"torch built {len(libs)} libraries for {spec.name!r}, expected 1", name=spec.name)
+    deps = _ninja_deps(build_dir)
+    try:
+        with open(os.path.join(build_dir, "build.ninja"), encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError:
+        text = ""
+    return libs[0], text, deps
+
+
+def _ninja_deps(build_dir: str) -> list[str]:
+    ninja = shutil.which("ninja")
+    if not ninja:
+        return []
+    proc = subprocess.run([ninja, "-C", build_dir, "-t", "deps"], stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, check=False)
+    return [ln.strip() for ln in proc.stdout.decode("utf-8", "surrogateescape").splitlines()
+            if ln.startswith((" ", "\t")) and ln.strip()]
+
+
+# --- dependency tracking --------------------------------------------------------------------
+
+
+def user_include_dirs(spec: StubSpec) -> list[str]:
+    """Directories whose headers count towards the key: extra_include_paths and -I flags."""
+    dirs = list(spec.extra_include_paths)
+    flags = list(spec.extra_cflags)
+    for i, f in enumerate(flags):
+        for prefix in ("-I", "-isystem", "-iquote"):
+            if f.startswith(prefix):
+                val = f[len(prefix):].strip() or (flags[i + 1] if i + 1 < len(flags) else "")
+                if val:
+                    dirs.append(os.path.abspath(val))
+    return [os.path.realpath(d) for d in dirs]
+
+
+def tracked_headers(spec: StubSpec, deps: list[str]) -> dict[str, str]:
+    """``{path: sha256}`` of every dependency under a user include directory."""
+    from .store import file_sha256
+
+    dirs = [d.rstrip("/") + "/" for d in user_include_dirs(spec)]
+    if not dirs:
+        return {}
+    out: dict[str, str] = {}
+    for dep in deps:
+        real = os.path.realpath(dep)
+        if any(real.startswith(d) for d in dirs) and os.path.isfile(real):
+            out[real] = file_sha256(real)
+    return out
+
+
+def headers_match(headers: dict) -> bool:
+    """True if every recorded header still has the recorded content."""
+    from .store import file_sha256
+
+    for path, digest in headers.items():
+        try:
+            if file_sha256(path) != digest:
+                return False
+        except OSError:
+            return False
+    return True

@@ -1,0 +1,37 @@
+"""Exception types. Every error stubcache raises on purpose derives from :class:`StubCacheError`."""
+
+from __future__ import annotations
+
+
+class StubCacheError(Exception):
+    """Base class of all stubcache errors."""
+
+
+class BuildError(StubCacheError):
+    """A stub failed to compile or link.
+
+    ``output`` holds the compiler's (or ninja's) output; ``key`` the key that was being built.
+    Nothing was published for that key.
+    """
+
+    def __init__(self, message: str, *, output: str = "", key: str = "", name: str = "") -> None:
+        super().__init__(message if not output else f"{message}\n{output}")
+        self.output = output
+        self.key = key
+        self.name = name
+
+
+class LockTimeoutError(StubCacheError):
+    """Another process held a build lock for longer than ``STUBCACHE_LOCK_TIMEOUT``."""
+
+
+class IntegrityError(StubCacheError):
+    """A published entry did not match its manifest (it has been quarantined)."""
+
+
+class TrustError(StubCacheError):
+    """A cache path failed the ownership/permission checks; nothing was loaded from it."""
+
+
+class CacheMissError(StubCacheError):
+    """``STUBCACHE_REQUIRE_HIT`` is set and the requested stub is not in any cache."""

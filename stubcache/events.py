@@ -1,0 +1,38 @@
+"""Per-process, append-only event files that ``stubcache stats`` folds into counters.
+
+Each process appends one JSON line per event to its own file, so recording needs no shared lock
+and a crashed process loses at most the line it was writing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+
+_lock = threading.Lock()
+_fds: dict[str, int] = {}
+
+
+def record(events_dir: str, event: str, key: str = "", seconds: float | None = None, **extra) -> None:
+    """Append one event (``hit``, ``miss``, ``build``, ``wait``, ``fail``, ``quarantine``...)."""
+    rec = {"t": round(time.time(), 3), "ev": event, "key": key}
+    if seconds is not None:
+        rec["s"] = round(seconds, 6)
+    rec.update(extra)
+    line = (json.dumps(rec, separators=(",", ":")) + "\n").encode()
+    try:
+        with _lock:
+            fd = _fds.get(events_dir)
+            pid = os.getpid()
+            if fd is None or _fds.get(events_dir + ":pid") != pid:  # reopen after fork
+                name = f"{socket.gethostname()}-{pid}-{os.urandom(4).hex()}.jsonl"
+                fd = os.open(os.path.join(events_dir, name),
+                             os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+                _fds[events_dir] = fd
+                _fds[events_dir + ":pid"] = pid
+            os.write(fd, line)
+    except OSError:
+        pass  # counters must never break a load

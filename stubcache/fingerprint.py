@@ -1,0 +1,208 @@
+"""Everything besides the spec that changes the binary: torch, compiler, Python, platform, env.
+
+Computed at most once per process (per compiler), without importing torch: torch's version comes
+from ``torch/version.py`` found with ``importlib.util.find_spec``, and the compiler's ``--version``
+output is remembered on disk keyed by the compiler's resolved path, size and mtime, so a hit in a
+fresh process starts no subprocess.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from typing import Any
+
+FORMAT_VERSION = 1
+
+# Environment variables that torch's cpp_extension or the compiler driver read when forming or
+# running build commands. MAX_JOBS only changes parallelism, so it is not here.
+KEY_ENV_VARS = (
+    "CXX", "CC", "CUDA_HOME", "CUDA_PATH", "CUDA_INC_PATH", "CUDNN_HOME", "CUDNN_PATH",
+    "ROCM_HOME", "ROCM_PATH", "HIP_HOME", "PYTORCH_ROCM_ARCH", "TORCH_CUDA_ARCH_LIST",
+    "TORCH_XPU_ARCH_LIST", "PYTORCH_NVCC", "NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS",
+    "TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES", "TORCH_NO_COMPILER_WRAPPER",
+    "CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "LIBRARY_PATH", "GCC_EXEC_PREFIX",
+    "COMPILER_PATH",
+)
+
+_lock = threading.Lock()
+_base: dict[str, Any] | None = None
+_compilers: dict[str, dict[str, Any]] = {}
+_torch_dir: str | None = None
+
+
+def torch_dir() -> str | None:
+    """The installed torch package directory, found without importing torch."""
+    global _torch_dir
+    if _torch_dir is None:
+        mod = sys.modules.get("torch")
+        if mod is not None and getattr(mod, "__file__", None):
+            _torch_dir = os.path.dirname(mod.__file__)
+        else:
+            spec = importlib.util.find_spec("torch")
+            if spec is None or not spec.submodule_search_locations:
+                return None
+            _torch_dir = list(spec.submodule_search_locations)[0]
+    return _torch_dir
+
+
+_VERSION_LINE = re.compile(r"^(__version__|cuda|hip|git_version|debug)\s*(?::[^=]*)?=\s*(.+?)\s*$", re.M)
+
+
+def _torch_facts(state_dir: str | None) -> dict[str, Any]:
+    tdir = torch_dir()
+    if tdir is None:
+        return {"version": None}
+    facts: dict[str, Any] = {}
+    try:
+        with open(os.path.join(tdir, "version.py"), encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError:
+        text = ""
+    for field, raw in _VERSION_LINE.findall(text):
+        raw = raw.strip()
+        value: Any = raw
+        if raw == "None":
+            value = None
+        elif raw in ("True", "False"):
+            value = raw == "True"
+        elif raw[:1] in "'\"" and raw[-1:] == raw[:1]:
+            value = raw[1:-1]
+        facts["version" if field == "__version__" else field] = value
+    facts.setdefault("version", None)
+    facts["cxx11_abi"] = _cxx11_abi(tdir, state_dir)
+    return facts
+
+
+def _cxx11_abi(tdir: str, state_dir: str | None) -> int | None:
+    """torch's ``_GLIBCXX_USE_CXX11_ABI``, read from libc10's symbols and remembered on disk."""
+    torch_mod = sys.modules.get("torch")
+    if torch_mod is not None and hasattr(torch_mod, "_C"):
+        return int(bool(getattr(torch_mod._C, "_GLIBCXX_USE_CXX11_ABI", True)))
+    lib = os.path.join(tdir, "lib", "libc10.so")
+    try:
+        st = os.stat(lib)
+    except OSError:
+        return None
+    memo_key = f"abi:{lib}:{st.st_size}:{st.st_mtime_ns}"
+
+    def compute() -> dict:
+        with open(lib, "rb") as fh:
+            data = fh.read()
+        return {"abi": 1 if b"__cxx11" in data else 0}
+
+    return _memo(state_dir, memo_key, compute).get("abi")
+
+
+def _memo(state_dir: str | None, memo_key: str, compute) -> dict:
+    """A tiny on-disk memo for expensive, deterministic toolchain facts."""
+    name = hashlib.sha256(memo_key.encode()).hexdigest()[:32] + ".json"
+    path = os.path.join(state_dir, name) if state_dir else None
+    if path:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                data = json.load(fh)
+            if data.get("memo_key") == memo_key:
+                return data["value"]
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    value = compute()
+    if path:
+        try:
+            os.makedirs(state_dir, mode=0o700, exist_ok=True)
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump({"memo_key": memo_key, "value": value}, fh)
+            os.replace(tmp, path)
+        except OSError:
+            pass
+    return value
+
+
+def compiler_identity(command: str, state_dir: str | None) -> dict[str, Any]:
+    """Resolved path and ``--version`` output of ``command`` (``CXX``), memoised on disk."""
+    with _lock:
+        cached = _compilers.get(command)
+    if cached is not None:
+        return cached
+    found = shutil.which(command)
+    if found is None:
+        ident: dict[str, Any] = {"command": command, "path": None, "version": None}
+    else:
+        path = os.path.realpath(found)
+        st = os.stat(path)
+        memo_key = f"cc:{path}:{st.st_size}:{st.st_mtime_ns}"
+
+        def compute() -> dict:
+            try:
+                out = subprocess.run(
+                    [path, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                    timeout=60, check=False,
+                ).stdout.decode("utf-8", "replace")
+            except (OSError, subprocess.SubprocessError) as exc:
+                out = f"<failed: {exc}>"
+            return {"version": out.strip()}
+
+        ident = {"command": command, "path": path, "version": _memo(state_dir, memo_key, compute)["version"]}
+    with _lock:
+        _compilers[command] = ident
+    return ident
+
+
+def _libc() -> str:
+    try:
+        return os.confstr("CS_GNU_LIBC_VERSION") or "unknown"
+    except (ValueError, OSError, AttributeError):
+        return "unknown"
+
+
+def base_fingerprint(state_dir: str | None) -> dict[str, Any]:
+    """The process-wide fingerprint (torch, C++ compiler, Python, platform, env, format)."""
+    global _base
+    if _base is not None:
+        return _base
+    env = {k: os.environ[k] for k in KEY_ENV_VARS if k in os.environ}
+    fp = {
+        "format": FORMAT_VERSION,
+        "torch": _torch_facts(state_dir),
+        "cxx": compiler_identity(os.environ.get("CXX", "c++"), state_dir),
+        "python": {
+            "version": "%d.%d.%d" % sys.version_info[:3],
+            "implementation": sys.implementation.cache_tag,
+            "abiflags": getattr(sys, "abiflags", ""),
+            "ext_suffix": importlib.machinery.EXTENSION_SUFFIXES[0],
+        },
+        "platform": {"system": sys.platform, "machine": os.uname().machine, "libc": _libc()},
+        "env": env,
+    }
+    _base = fp
+    return fp
+
+
+def cuda_fingerprint(state_dir: str | None) -> dict[str, Any]:
+    """Extra fingerprint for specs with CUDA sources: the nvcc that torch would use."""
+    nvcc = os.environ.get("PYTORCH_NVCC")
+    if not nvcc:
+        home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+        if home:
+            nvcc = os.path.join(home, "bin", "nvcc")
+        else:
+            nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    return {"nvcc": compiler_identity(nvcc, state_dir)}
+
+
+def reset_for_tests() -> None:
+    """Forget the per-process fingerprint (tests change ``CXX`` within one process)."""
+    global _base, _torch_dir
+    with _lock:
+        _base = None
+        _torch_dir = None
+        _compilers.clear()

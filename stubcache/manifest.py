@@ -1,0 +1,63 @@
+"""The manifest stored beside every library: the key's readable pre-image and the build record."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+MANIFEST_NAME = "manifest.json"
+
+
+class Manifest:
+    """A published entry's ``manifest.json`` (written once, never modified).
+
+    Attributes:
+        key: the entry key (equals ``base_key`` unless user headers were tracked).
+        base_key: hash of the spec and fingerprint, known before building.
+        name: stub name; ``module_name`` the actual module/library stem.
+        library: file name of the library inside the entry directory.
+        sha256, size: checksum and size of the library.
+        preimage: ``{"spec": ..., "fingerprint": ...}``, the readable key inputs.
+        headers: user headers the build used, ``{path: sha256}``.
+        build_method: ``"direct"`` or ``"load_inline"``; build_seconds; build_log.
+        created: creation time (seconds since the epoch); stubcache_version.
+    """
+
+    __slots__ = (
+        "key", "base_key", "name", "module_name", "library", "sha256", "size", "preimage",
+        "headers", "build_method", "build_seconds", "build_log", "created", "stubcache_version",
+    )
+
+    def __init__(self, **fields: Any) -> None:
+        missing = [f for f in self.__slots__ if f not in fields]
+        extra = set(fields) - set(self.__slots__)
+        if missing or extra:
+            raise ValueError(f"manifest fields: missing {missing}, unknown {sorted(extra)}")
+        for f in self.__slots__:
+            setattr(self, f, fields[f])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.__slots__}
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, sort_keys=True, ensure_ascii=False)
+
+    @classmethod
+    def loads(cls, text: str) -> "Manifest":
+        """Parse a manifest; raises ``ValueError`` on anything malformed."""
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("manifest is not a JSON object")
+        m = cls(**{f: data.get(f) for f in cls.__slots__}) if set(cls.__slots__) <= set(data) else None
+        if m is None:
+            raise ValueError(f"manifest lacks fields {sorted(set(cls.__slots__) - set(data))}")
+        if not isinstance(m.library, str) or "/" in m.library or m.library.startswith("."):
+            raise ValueError(f"manifest names a bad library file {m.library!r}")
+        if not isinstance(m.sha256, str) or not isinstance(m.size, int):
+            raise ValueError("manifest checksum fields are malformed")
+        if not isinstance(m.headers, dict):
+            raise ValueError("manifest headers field is malformed")
+        return m
+
+    def __repr__(self) -> str:
+        return f"Manifest(key={self.key!r}, name={self.name!r}, method={self.build_method!r})"

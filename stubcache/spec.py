@@ -1,0 +1,274 @@
+"""What the caller asked to build: :class:`StubSpec`, its validation and canonical form.
+
+This module is on the hit path, so it avoids ``dataclasses`` (which imports ``inspect``) and
+keeps :class:`StubSpec` a small slotted record.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Iterable, Mapping, Sequence
+
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}\Z")
+
+# A source that mentions any of these needs torch's implicit headers (or includes them itself).
+_TORCH_MENTION_RE = re.compile(
+    r"\btorch::|\bat::|\bc10::|\bTORCH_|\bPYBIND11_|\bpy::"
+    r"|#\s*include\s*[<\"](?:torch|ATen|c10|pybind11|caffe2)/"
+)
+
+FunctionsT = "Sequence[str] | Mapping[str, str] | str | None"
+
+
+def _str_list(value: Any, field: str) -> tuple[str, ...]:
+    """Normalise a ``str | list[str] | None`` argument the way torch does, with clear errors."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        items: Iterable[Any] = (value,)
+    elif isinstance(value, (bytes, bytearray)):
+        raise TypeError(f"{field} must be str or a list of str, not bytes; decode it first")
+    elif isinstance(value, (list, tuple)):
+        items = value
+    else:
+        raise TypeError(f"{field} must be str or a list of str, got {type(value).__name__}")
+    out = []
+    for item in items:
+        if not isinstance(item, str):
+            raise TypeError(f"{field} must contain only str, got {type(item).__name__}")
+        _check_text(item, field)
+        out.append(item)
+    return tuple(out)
+
+
+def _flag_list(value: Any, field: str) -> tuple[str, ...]:
+    """Flags must be a list: a bare string would be split into characters by torch."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        raise TypeError(f"{field} must be a list of str, got a single str {value!r}; wrap it in a list")
+    flags = _str_list(value, field)
+    return tuple(f.strip() for f in flags)
+
+
+def _check_text(text: str, field: str) -> None:
+    if "\x00" in text:
+        raise ValueError(f"{field} contains a NUL character")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{field} is not valid UTF-8 text ({exc.reason} at {exc.start})") from None
+
+
+def _functions(value: Any) -> tuple[tuple[str, str], ...] | None:
+    """Canonical ``functions``: a tuple of (name, docstring) pairs, as torch generates bindings."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, Mapping):
+        pairs = list(value.items())
+    elif isinstance(value, (list, tuple)):
+        pairs = [(f, f) for f in value]
+    else:
+        raise TypeError(f"functions must be a list of names or a dict name->docstring, got {type(value).__name__}")
+    for fname, doc in pairs:
+        if not isinstance(fname, str) or not isinstance(doc, str):
+            raise TypeError("functions must map str names to str docstrings")
+        if not _NAME_RE.match(fname):
+            raise ValueError(f"function name {fname!r} is not a C identifier")
+        _check_text(doc, "functions docstring")
+    return tuple(pairs)
+
+
+def _optional_bool(value: Any, field: str) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    raise TypeError(f"{field} must be True, False or None, got {type(value).__name__}")
+
+
+def _bool(value: Any, field: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise TypeError(f"{field} must be True or False, got {type(value).__name__}")
+
+
+def validate_name(name: Any) -> str:
+    """Return ``name`` if it is usable as a module name and file name, else raise."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be str, got {type(name).__name__}")
+    if not _NAME_RE.match(name):
+        raise ValueError(
+            f"invalid stub name {name!r}: use 1-100 characters from [A-Za-z0-9_], not starting "
+            "with a digit (it becomes a C identifier and a file name)"
+        )
+    return name
+
+
+def mentions_torch(sources: Iterable[str]) -> bool:
+    """True if any source refers to torch, ATen, c10 or pybind11."""
+    return any(_TORCH_MENTION_RE.search(s) for s in sources)
+
+
+class StubSpec:
+    """A stub to build: the sources and options of a ``load_inline`` call.
+
+    Args:
+        name: module/library name, ``[A-Za-z_][A-Za-z0-9_]*``, at most 100 characters.
+        cpp_sources: C++ source text (a string or list of strings, concatenated into one file).
+        cuda_sources: CUDA source text, compiled by nvcc into the same library.
+        functions: names (or a dict name -> docstring) to bind as a Python module; needs torch headers.
+        extra_cflags, extra_cuda_cflags, extra_ldflags: lists of extra flags.
+        extra_include_paths: ``-I`` directories; headers used from them are tracked by content.
+        with_cuda: add CUDA headers/libraries; ``None`` means "if there are ``cuda_sources``".
+        is_python_module: the library is a Python extension module (default ``False``: a plain
+            shared library for ``ctypes``/``torch.ops``).
+        with_pytorch_error_handling: as in torch (only matters with ``functions``).
+        no_implicit_headers: skip torch's prepended ``#include <torch/extension.h>``. ``None``
+            (default) decides automatically: skip them only when ``functions`` is empty and no
+            source mentions torch, ATen, c10 or pybind11.
+
+    Invalid input raises ``TypeError``/``ValueError`` here, before anything touches disk.
+    """
+
+    __slots__ = (
+        "name", "cpp_sources", "cuda_sources", "functions", "extra_cflags", "extra_cuda_cflags",
+        "extra_ldflags", "extra_include_paths", "with_cuda", "is_python_module",
+        "with_pytorch_error_handling", "no_implicit_headers", "_canonical", "_base_key",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        cpp_sources: str | Sequence[str] = (),
+        cuda_sources: str | Sequence[str] | None = None,
+        functions: Sequence[str] | Mapping[str, str] | str | None = None,
+        extra_cflags: Sequence[str] | None = None,
+        extra_cuda_cflags: Sequence[str] | None = None,
+        extra_ldflags: Sequence[str] | None = None,
+        extra_include_paths: Sequence[str] | None = None,
+        with_cuda: bool | None = None,
+        is_python_module: bool = False,
+        with_pytorch_error_handling: bool = True,
+        no_implicit_headers: bool | None = None,
+    ) -> None:
+        self.name = validate_name(name)
+        self.cpp_sources = _str_list(cpp_sources, "cpp_sources")
+        self.cuda_sources = _str_list(cuda_sources, "cuda_sources")
+        self.functions = _functions(functions)
+        self.extra_cflags = _flag_list(extra_cflags, "extra_cflags")
+        self.extra_cuda_cflags = _flag_list(extra_cuda_cflags, "extra_cuda_cflags")
+        self.extra_ldflags = _flag_list(extra_ldflags, "extra_ldflags")
+        self.extra_include_paths = tuple(
+            os.path.abspath(p) for p in _flag_list(extra_include_paths, "extra_include_paths")
+        )
+        self.with_cuda = _optional_bool(with_cuda, "with_cuda")
+        self.is_python_module = _bool(is_python_module, "is_python_module")
+        self.with_pytorch_error_handling = _bool(with_pytorch_error_handling, "with_pytorch_error_handling")
+        self.no_implicit_headers = _optional_bool(no_implicit_headers, "no_implicit_headers")
+        if self.functions and not self.is_python_module:
+            raise ValueError("functions= generates Python bindings; it needs is_python_module=True")
+        if not self.cpp_sources and not self.cuda_sources:
+            raise ValueError("a stub needs at least one of cpp_sources or cuda_sources")
+        self._canonical: dict | None = None
+        self._base_key: str | None = None
+
+    # --- derived properties (pure) ---------------------------------------------------------
+
+    @property
+    def effective_with_cuda(self) -> bool:
+        return bool(self.cuda_sources) if self.with_cuda is None else self.with_cuda
+
+    @property
+    def skips_implicit_headers(self) -> bool:
+        """Whether torch's implicit headers are left out (the automatic rule when ``None``)."""
+        if self.no_implicit_headers is not None:
+            return self.no_implicit_headers
+        return not self.functions and not mentions_torch(self.cpp_sources + self.cuda_sources)
+
+    @property
+    def build_method(self) -> str:
+        """``"direct"`` (one compiler call, no torch import) or ``"load_inline"``.
+
+        The direct path is taken only for a plain C/C++ library that needs neither torch's
+        headers nor a Python module nor CUDA; the flags mirror what torch would pass.
+        """
+        if (
+            self.skips_implicit_headers
+            and not self.is_python_module
+            and not self.cuda_sources
+            and not self.effective_with_cuda
+            and not mentions_torch(self.cpp_sources)
+        ):
+            return "direct"
+        return "load_inline"
+
+    @property
+    def tracks_headers(self) -> bool:
+        """True when user include directories exist, so used headers are part of the key."""
+        return bool(self.extra_include_paths) or any(
+            f.startswith(("-I", "-isystem", "-iquote", "-include")) for f in self.extra_cflags
+        )
+
+    def canonical(self) -> dict:
+        """The spec's part of the key pre-image: plain JSON data, independent of option order."""
+        if self._canonical is None:
+            self._canonical = {
+                "name": self.name,
+                "cpp_sources": list(self.cpp_sources),
+                "cuda_sources": list(self.cuda_sources),
+                "functions": [list(p) for p in self.functions] if self.functions is not None else None,
+                "extra_cflags": list(self.extra_cflags),
+                "extra_cuda_cflags": list(self.extra_cuda_cflags),
+                "extra_ldflags": list(self.extra_ldflags),
+                "extra_include_paths": list(self.extra_include_paths),
+                "with_cuda": self.effective_with_cuda,
+                "is_python_module": self.is_python_module,
+                "with_pytorch_error_handling": self.with_pytorch_error_handling,
+                "no_implicit_headers": self.skips_implicit_headers,
+                "build_method": self.build_method,
+            }
+        return self._canonical
+
+    def to_json(self) -> dict:
+        """A JSON form that :meth:`from_json` turns back into an equal spec (used by spec files)."""
+        return {
+            "name": self.name,
+            "cpp_sources": list(self.cpp_sources),
+            "cuda_sources": list(self.cuda_sources),
+            "functions": dict(self.functions) if self.functions is not None else None,
+            "extra_cflags": list(self.extra_cflags),
+            "extra_cuda_cflags": list(self.extra_cuda_cflags),
+            "extra_ldflags": list(self.extra_ldflags),
+            "extra_include_paths": list(self.extra_include_paths),
+            "with_cuda": self.with_cuda,
+            "is_python_module": self.is_python_module,
+            "with_pytorch_error_handling": self.with_pytorch_error_handling,
+            "no_implicit_headers": self.no_implicit_headers,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "StubSpec":
+        """Build a spec from :meth:`to_json` output; unknown fields are an error."""
+        if not isinstance(data, Mapping):
+            raise TypeError(f"a spec must be a JSON object, got {type(data).__name__}")
+        unknown = set(data) - set(cls.__init__.__code__.co_varnames[1:cls.__init__.__code__.co_argcount])
+        if unknown:
+            raise ValueError(f"unknown spec field(s): {', '.join(sorted(unknown))}")
+        return cls(**data)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StubSpec) and self.canonical() == other.canonical() and (
+            self.no_implicit_headers == other.no_implicit_headers
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.cpp_sources, self.cuda_sources, self.extra_cflags))
+
+    def __repr__(self) -> str:
+        size = sum(len(s) for s in self.cpp_sources + self.cuda_sources)
+        return (
+            f"StubSpec(name={self.name!r}, {len(self.cpp_sources)} cpp/{len(self.cuda_sources)} cuda "
+            f"source(s), {size} chars, method={self.build_method})"
+        )
