@@ -1,0 +1,98 @@
+"""Shared fixtures: a private cache root per test, a compiler wrapper that counts compiles,
+and a helper to run Python snippets in fresh OS processes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from stubcache import fingerprint
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _fresh_fingerprint():
+    """CXX and friends are read once per process; tests change them, so forget between tests."""
+    fingerprint.reset_for_tests()
+    yield
+    fingerprint.reset_for_tests()
+
+
+@pytest.fixture
+def cache_root(tmp_path, monkeypatch) -> Path:
+    """A private cache root, also exported as STUBCACHE_DIR for child processes."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv("STUBCACHE_DIR", str(root))
+    monkeypatch.delenv("STUBCACHE_REQUIRE_HIT", raising=False)
+    monkeypatch.delenv("STUBCACHE_LOCK_TIMEOUT", raising=False)
+    return root
+
+
+class CxxWrapper:
+    """A ``CXX`` that logs every compile (an invocation with a source file) and then runs c++.
+
+    ``STUBCACHE_TEST_CXX_SLEEP`` (seconds) makes each compile sleep first, to widen windows for
+    crash tests; ``STUBCACHE_TEST_CXX_MARK`` is a file created when a compile starts.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / "cxx-wrapper.sh"
+        self.log = directory / "cxx.log"
+        real = shutil.which("c++") or "c++"
+        self.path.write_text(textwrap.dedent(f"""\
+            #!/bin/sh
+            case " $* " in
+              *.cpp*|*.cu\\ *|*.c\\ *)
+                echo "$$ $*" >> "{self.log}"
+                if [ -n "$STUBCACHE_TEST_CXX_MARK" ]; then : > "$STUBCACHE_TEST_CXX_MARK"; fi
+                if [ -n "$STUBCACHE_TEST_CXX_SLEEP" ]; then sleep "$STUBCACHE_TEST_CXX_SLEEP"; fi
+                ;;
+            esac
+            exec "{real}" "$@"
+            """))
+        self.path.chmod(0o755)
+
+    def compiles(self) -> int:
+        if not self.log.exists():
+            return 0
+        return len([ln for ln in self.log.read_text().splitlines() if ln.strip()])
+
+    def reset(self) -> None:
+        if self.log.exists():
+            self.log.unlink()
+
+
+@pytest.fixture
+def cxx(tmp_path, monkeypatch) -> CxxWrapper:
+    """Install a compile-counting compiler wrapper as CXX (inherited by child processes)."""
+    d = tmp_path / "cxx"
+    d.mkdir()
+    w = CxxWrapper(d)
+    monkeypatch.setenv("CXX", str(w.path))
+    return w
+
+
+def run_py(code: str, *, env: dict | None = None, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh Python process (inheriting os.environ plus ``env``)."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env, capture_output=True,
+                          text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"child failed ({proc.returncode}):\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
+def spawn_py(code: str, *, env: dict | None = None) -> subprocess.Popen:
+    """Start ``code`` in a fresh Python process without waiting."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=full_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
