@@ -1,0 +1,23 @@
+"""kvarena: a KV-cache arena whose allocator stub comes from stubcache and binds into torch.
+
+Public surface::
+
+    KvArena                                   the arena (host or CUDA backend)
+    allocator_spec, NSLOTS                    the stub (``kvarena.stub``)
+    ArenaError and subclasses                 errors
+
+``import kvarena`` imports neither torch nor ``cuda.bindings``; a host arena needs torch only
+for :meth:`KvArena.tensor`, a CUDA arena imports both when it is created.
+"""
+
+from __future__ import annotations
+
+from .arena import KvArena
+from .errors import (ArenaClosedError, ArenaError, ArenaExhaustedError, CommitError, CudaUnavailableError,
+                     SlotsExhaustedError)
+from .stub import NSLOTS, StubTiming, allocator_spec, load_stub
+
+__all__ = [
+    "ArenaClosedError", "ArenaError", "ArenaExhaustedError", "CommitError", "CudaUnavailableError",
+    "KvArena", "NSLOTS", "SlotsExhaustedError", "StubTiming", "allocator_spec", "load_stub",
+]

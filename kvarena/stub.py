@@ -1,0 +1,311 @@
+"""The allocator stub: its C source, its :class:`stubcache.StubSpec`, and process-local slots.
+
+One compiled library serves every arena on the host. It exports a fixed table of
+:data:`NSLOTS` independent bump allocators ("slots"); slot ``i`` has its own state and its
+own pair of functions with the exact signatures torch's ``CUDAPluggableAllocator`` casts to::
+
+    void* kvarena_alloc_<i>(size_t size, int device, void* stream);
+    void  kvarena_free_<i>(void* ptr, size_t size, int device, void* stream);
+
+The state is file-static, and a library is loaded once per process (glibc hands back the same
+handle for the same file), so slots are a per-process resource: this module hands them out
+to arenas and takes them back on close. The source never changes with the number of arenas or
+processes, so the cache key never does either: one compile per host.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+import time
+from typing import Optional
+
+import stubcache
+
+from .errors import ArenaError, SlotsExhaustedError
+
+log = logging.getLogger("kvarena")
+
+#: Number of allocator slots (independent arenas per process) the stub provides.
+NSLOTS = 64
+#: Bumped whenever the C interface below changes.
+ABI_VERSION = 1
+STUB_NAME = "kvarena_alloc_stub"
+
+_HEADER = r"""// kvarena allocator stub: NSLOTS independent, thread-safe bump allocators.
+// No torch, no CUDA, no libstdc++ headers: compiler builtins only (keeps the compile short).
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVA_NSLOTS %(nslots)d
+#define KVA_ABI %(abi)d
+
+typedef struct {
+  uintptr_t base;      // first byte of the range
+  size_t reserved;     // bytes in the range; 0 = slot not configured (every alloc fails)
+  size_t align;        // power of two; every returned pointer is a multiple of it
+  size_t cursor;       // bytes handed out so far (offset from base)
+  size_t nalloc, nfree, nfail;
+} __attribute__((aligned(64))) kva_slot;
+
+static kva_slot g_slots[KVA_NSLOTS];
+
+static void* kva_alloc(kva_slot* s, size_t size) {
+  size_t reserved = __atomic_load_n(&s->reserved, __ATOMIC_ACQUIRE);
+  uintptr_t base = __atomic_load_n(&s->base, __ATOMIC_RELAXED);
+  size_t align = __atomic_load_n(&s->align, __ATOMIC_RELAXED);
+  if (size == 0) size = 1;  // distinct pointers, like malloc
+  size_t cur = __atomic_load_n(&s->cursor, __ATOMIC_RELAXED);
+  for (;;) {
+    uintptr_t addr = base + cur;
+    uintptr_t aligned = (addr + (align - 1)) & ~(uintptr_t)(align - 1);
+    size_t off = (size_t)(aligned - base);
+    if (reserved == 0 || aligned < addr || off > reserved || size > reserved - off) {
+      __atomic_fetch_add(&s->nfail, 1, __ATOMIC_RELAXED);
+      return NULL;  // never hand out memory past the reserved range
+    }
+    if (__atomic_compare_exchange_n(&s->cursor, &cur, off + size, 1,
+                                    __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+      __atomic_fetch_add(&s->nalloc, 1, __ATOMIC_RELAXED);
+      return (void*)aligned;
+    }
+  }
+}
+
+static void kva_free(kva_slot* s, void* ptr, size_t size) {
+  if (ptr == NULL) return;
+  if (size == 0) size = 1;
+  size_t off = (size_t)((uintptr_t)ptr - __atomic_load_n(&s->base, __ATOMIC_RELAXED));
+  size_t end = off + size;
+  // Freeing the most recent allocation rewinds the cursor (LIFO); other frees only count.
+  __atomic_compare_exchange_n(&s->cursor, &end, off, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
+  __atomic_fetch_add(&s->nfree, 1, __ATOMIC_RELAXED);
+}
+
+extern "C" {
+int kvarena_abi(void) { return KVA_ABI; }
+int kvarena_nslots(void) { return KVA_NSLOTS; }
+
+// Point slot at [base, base+reserved) with the given alignment; resets cursor and counters.
+int kvarena_configure(int slot, uintptr_t base, size_t reserved, size_t align) {
+  if (slot < 0 || slot >= KVA_NSLOTS) return -1;
+  if (align == 0 || (align & (align - 1)) != 0) return -2;
+  kva_slot* s = &g_slots[slot];
+  __atomic_store_n(&s->reserved, (size_t)0, __ATOMIC_SEQ_CST);
+  __atomic_store_n(&s->base, base, __ATOMIC_RELAXED);
+  __atomic_store_n(&s->align, align, __ATOMIC_RELAXED);
+  __atomic_store_n(&s->cursor, (size_t)0, __ATOMIC_RELAXED);
+  __atomic_store_n(&s->nalloc, (size_t)0, __ATOMIC_RELAXED);
+  __atomic_store_n(&s->nfree, (size_t)0, __ATOMIC_RELAXED);
+  __atomic_store_n(&s->nfail, (size_t)0, __ATOMIC_RELAXED);
+  __atomic_store_n(&s->reserved, reserved, __ATOMIC_RELEASE);
+  return 0;
+}
+
+size_t kvarena_cursor(int slot) {
+  if (slot < 0 || slot >= KVA_NSLOTS) return (size_t)-1;
+  return __atomic_load_n(&g_slots[slot].cursor, __ATOMIC_ACQUIRE);
+}
+
+// out[0..6] = base, reserved, align, cursor, nalloc, nfree, nfail
+int kvarena_stats(int slot, size_t* out) {
+  if (slot < 0 || slot >= KVA_NSLOTS || out == NULL) return -1;
+  kva_slot* s = &g_slots[slot];
+  out[0] = __atomic_load_n(&s->base, __ATOMIC_RELAXED);
+  out[1] = __atomic_load_n(&s->reserved, __ATOMIC_ACQUIRE);
+  out[2] = __atomic_load_n(&s->align, __ATOMIC_RELAXED);
+  out[3] = __atomic_load_n(&s->cursor, __ATOMIC_ACQUIRE);
+  out[4] = __atomic_load_n(&s->nalloc, __ATOMIC_RELAXED);
+  out[5] = __atomic_load_n(&s->nfree, __ATOMIC_RELAXED);
+  out[6] = __atomic_load_n(&s->nfail, __ATOMIC_RELAXED);
+  return 0;
+}
+
+#define KVA_PAIR(i)                                                              \
+  void* kvarena_alloc_##i(size_t size, int device, void* stream) {              \
+    (void)device; (void)stream; return kva_alloc(&g_slots[i], size);            \
+  }                                                                              \
+  void kvarena_free_##i(void* ptr, size_t size, int device, void* stream) {     \
+    (void)device; (void)stream; kva_free(&g_slots[i], ptr, size);               \
+  }
+"""
+
+
+def stub_source(nslots: int = NSLOTS) -> str:
+    """The complete C++ source of the stub (pure; deterministic for a given ``nslots``)."""
+    pairs = "\n".join(f"KVA_PAIR({i})" for i in range(nslots))
+    return _HEADER % {"nslots": nslots, "abi": ABI_VERSION} + pairs + "\n}  // extern \"C\"\n"
+
+
+def allocator_spec() -> stubcache.StubSpec:
+    """The :class:`stubcache.StubSpec` of the allocator stub (``stubcache warm kvarena.stub:allocator_spec``).
+
+    A plain C-ABI library: no Python module, no torch headers (``no_implicit_headers``), so
+    stubcache builds it with one direct compiler call. No ``-O`` flag, like torch's own
+    default: the allocator runs once per segment, and ``-O2`` would double the compile.
+    """
+    return stubcache.StubSpec(
+        name=STUB_NAME,
+        cpp_sources=stub_source(),
+        is_python_module=False,
+        no_implicit_headers=True,
+        with_cuda=False,
+    )
+
+
+def alloc_symbol(index: int) -> str:
+    """Name of slot ``index``'s allocation function."""
+    return f"kvarena_alloc_{index}"
+
+
+def free_symbol(index: int) -> str:
+    """Name of slot ``index``'s free function."""
+    return f"kvarena_free_{index}"
+
+
+class StubTiming:
+    """How the stub was obtained in this process: ``seconds`` for get_or_build + dlopen,
+    ``built`` (True if this call compiled it), ``build_seconds`` (the compile, from the
+    manifest), ``method`` (stubcache's build path) and the entry ``key``."""
+
+    __slots__ = ("seconds", "built", "build_seconds", "method", "key")
+
+    def __init__(self, seconds: float, built: bool, build_seconds: float, method: str, key: str) -> None:
+        self.seconds = seconds
+        self.built = built
+        self.build_seconds = build_seconds
+        self.method = method
+        self.key = key
+
+    def __repr__(self) -> str:
+        what = "built" if self.built else "hit"
+        return (f"StubTiming({what}, {self.seconds * 1e3:.1f} ms this process, compile "
+                f"{self.build_seconds * 1e3:.1f} ms via {self.method}, key={self.key[:12]})")
+
+
+class Slot:
+    """One allocator slot of a loaded stub, held by one arena until :meth:`release`."""
+
+    def __init__(self, stub: "StubLibrary", index: int) -> None:
+        self.stub = stub
+        self.index = index
+        self.alloc_name = alloc_symbol(index)
+        self.free_name = free_symbol(index)
+        self._alloc = getattr(stub.lib, self.alloc_name)
+        self._alloc.restype = ctypes.c_void_p
+        self._alloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        self._free = getattr(stub.lib, self.free_name)
+        self._free.restype = None
+        self._free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        self.released = False
+
+    def configure(self, base: int, reserved: int, align: int) -> None:
+        """Point the slot at ``[base, base + reserved)``; resets its cursor and counters."""
+        rc = self.stub._configure(self.index, base, reserved, align)
+        if rc != 0:
+            raise ValueError(f"kvarena_configure(slot={self.index}, align={align}) failed ({rc}); "
+                             "alignment must be a power of two")
+
+    def alloc(self, size: int, device: int = -1) -> Optional[int]:
+        """Allocate ``size`` bytes through the slot's exported function; ``None`` when full."""
+        return self._alloc(size, device, None)
+
+    def free(self, ptr: int, size: int, device: int = -1) -> None:
+        """Free through the slot's exported function (rewinds only the latest allocation)."""
+        self._free(ptr, size, device, None)
+
+    def cursor(self) -> int:
+        """Bytes handed out so far, from the stub's own cursor query."""
+        return int(self.stub._cursor(self.index))
+
+    def stats(self) -> dict:
+        """``base, reserved, align, cursor, nalloc, nfree, nfail`` as the stub sees them."""
+        out = (ctypes.c_size_t * 7)()
+        self.stub._stats(self.index, out)
+        names = ("base", "reserved", "align", "cursor", "nalloc", "nfree", "nfail")
+        return dict(zip(names, (int(v) for v in out)))
+
+    def release(self) -> None:
+        """Unconfigure the slot (every later allocation fails) and return it to the pool."""
+        if not self.released:
+            self.released = True
+            self.stub._configure(self.index, 0, 0, 1)
+            self.stub._release(self.index)
+
+
+class StubLibrary:
+    """The loaded stub library of one cache entry and its process-local slot table."""
+
+    def __init__(self, entry: "stubcache.Entry", lib: ctypes.CDLL, timing: StubTiming) -> None:
+        self.path = entry.path
+        self.key = entry.key
+        self.lib = lib
+        self.timing = timing
+        self._configure = lib.kvarena_configure
+        self._configure.restype = ctypes.c_int
+        self._configure.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_size_t]
+        self._cursor = lib.kvarena_cursor
+        self._cursor.restype = ctypes.c_size_t
+        self._cursor.argtypes = [ctypes.c_int]
+        self._stats = lib.kvarena_stats
+        self._stats.restype = ctypes.c_int
+        self._stats.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_size_t)]
+        abi = int(lib.kvarena_abi())
+        self.nslots = int(lib.kvarena_nslots())
+        if abi != ABI_VERSION:
+            raise ArenaError(f"allocator stub {self.path} has ABI {abi}, expected {ABI_VERSION}")
+        self._lock = threading.Lock()
+        self._free_slots = list(range(self.nslots - 1, -1, -1))  # pop() hands out 0 first
+
+    def acquire_slot(self) -> Slot:
+        """Take a free slot, or raise :class:`SlotsExhaustedError`."""
+        with self._lock:
+            if not self._free_slots:
+                raise SlotsExhaustedError(
+                    f"all {self.nslots} allocator slots of the kvarena stub are held by open arenas in "
+                    f"this process (pid {os.getpid()}); close an arena before opening another")
+            index = self._free_slots.pop()
+        return Slot(self, index)
+
+    def _release(self, index: int) -> None:
+        with self._lock:
+            if index not in self._free_slots:
+                self._free_slots.append(index)
+
+    def free_slots(self) -> int:
+        """How many slots are still available in this process."""
+        with self._lock:
+            return len(self._free_slots)
+
+
+_loaded: dict[tuple[int, int], StubLibrary] = {}
+_load_lock = threading.Lock()
+
+
+def load_stub(cache: Optional[stubcache.StubCache] = None) -> StubLibrary:
+    """Get (build once per host) and load the stub; one :class:`StubLibrary` per file per process.
+
+    Args:
+        cache: the :class:`stubcache.StubCache` to use; default ``stubcache.default_cache()``.
+    """
+    cache = cache if cache is not None else stubcache.default_cache()
+    t0 = time.perf_counter()
+    t_wall = time.time()
+    entry = cache.get_or_build(allocator_spec())
+    st = os.stat(entry.path)
+    ident = (st.st_dev, st.st_ino)
+    with _load_lock:
+        found = _loaded.get(ident)
+        if found is not None:
+            return found
+        lib = cache.load_entry(entry)
+        seconds = time.perf_counter() - t0
+        built = entry.manifest.created >= t_wall - 1e-3 and bool(entry.manifest.created)
+        timing = StubTiming(seconds, built, float(entry.manifest.build_seconds or 0.0),
+                            str(entry.manifest.build_method), entry.key)
+        stub = StubLibrary(entry, lib, timing)
+        _loaded[ident] = stub
+    log.debug("kvarena: allocator stub %s (%r)", entry.path, timing)
+    return stub
