@@ -66,6 +66,7 @@ class StubCache:
         self._memo: dict[str, Entry] = {}
         self._verified: dict[str, tuple] = {}
         self._pins: dict[str, int] = {}
+        self._lib_fds: dict[str, int] = {}
         self._mutex = threading.RLock()
         self._root_checked = False
 
@@ -117,15 +118,23 @@ class StubCache:
         ``O_NOFOLLOW``, compared by ``fstat``, loaded through ``/proc/self/fd``)."""
         import ctypes
 
-        fd = self._open_checked(entry)
-        try:
+        with self._mutex:
+            fd = self._lib_fds.get(entry.path)
+            if fd is None:
+                fd = self._open_checked(entry)
+                # The fd stays open for the life of the process: glibc matches an already-loaded
+                # object by *name* first, so a reused /proc/self/fd/N would alias another library.
+                self._lib_fds[entry.path] = fd
             return ctypes.CDLL(f"/proc/self/fd/{fd}")
-        finally:
-            os.close(fd)
 
     # --- internals ---------------------------------------------------------------------------
 
     def _fingerprint(self, spec: StubSpec) -> dict:
+        if not self.store._ready:
+            try:
+                self.store.ensure()
+            except OSError:
+                pass  # read-only or missing root: lookups still work, builds degrade
         state = self.store.path("state")
         fp = fingerprint.base_fingerprint(state)
         if spec.cuda_sources or spec.effective_with_cuda:

@@ -117,7 +117,6 @@ def _memo(state_dir: str | None, memo_key: str, compute) -> dict:
     value = compute()
     if path:
         try:
-            os.makedirs(state_dir, mode=0o700, exist_ok=True)
             tmp = f"{path}.{os.getpid()}.tmp"
             with open(tmp, "w", encoding="utf-8") as fh:
                 json.dump({"memo_key": memo_key, "value": value}, fh)

@@ -79,7 +79,9 @@ def _functions(value: Any) -> tuple[tuple[str, str], ...] | None:
         if not _NAME_RE.match(fname):
             raise ValueError(f"function name {fname!r} is not a C identifier")
         _check_text(doc, "functions docstring")
-    return tuple(pairs)
+    if len({f for f, _ in pairs}) != len(pairs):
+        raise ValueError("functions lists a name twice")
+    return tuple(sorted(pairs))  # binding order is irrelevant, so it must not change the key
 
 
 def _optional_bool(value: Any, field: str) -> bool | None:
@@ -128,6 +130,8 @@ class StubSpec:
         no_implicit_headers: skip torch's prepended ``#include <torch/extension.h>``. ``None``
             (default) decides automatically: skip them only when ``functions`` is empty and no
             source mentions torch, ATen, c10 or pybind11.
+        builder: ``None`` (automatic), ``"direct"`` or ``"load_inline"``; see :attr:`build_method`.
+            ``"direct"`` is refused for specs that need torch headers, a Python module or CUDA.
 
     Invalid input raises ``TypeError``/``ValueError`` here, before anything touches disk.
     """
@@ -135,7 +139,7 @@ class StubSpec:
     __slots__ = (
         "name", "cpp_sources", "cuda_sources", "functions", "extra_cflags", "extra_cuda_cflags",
         "extra_ldflags", "extra_include_paths", "with_cuda", "is_python_module",
-        "with_pytorch_error_handling", "no_implicit_headers", "_canonical", "_base_key",
+        "with_pytorch_error_handling", "no_implicit_headers", "builder", "_canonical", "_base_key",
     )
 
     def __init__(
@@ -152,6 +156,7 @@ class StubSpec:
         is_python_module: bool = False,
         with_pytorch_error_handling: bool = True,
         no_implicit_headers: bool | None = None,
+        builder: str | None = None,
     ) -> None:
         self.name = validate_name(name)
         self.cpp_sources = _str_list(cpp_sources, "cpp_sources")
@@ -167,6 +172,12 @@ class StubSpec:
         self.is_python_module = _bool(is_python_module, "is_python_module")
         self.with_pytorch_error_handling = _bool(with_pytorch_error_handling, "with_pytorch_error_handling")
         self.no_implicit_headers = _optional_bool(no_implicit_headers, "no_implicit_headers")
+        if builder not in (None, "direct", "load_inline"):
+            raise ValueError(f"builder must be None, 'direct' or 'load_inline', got {builder!r}")
+        self.builder = builder
+        if builder == "direct" and not self._direct_ok():
+            raise ValueError(f"stub {name!r} cannot take the direct build path: it needs torch headers, "
+                             "a Python module or CUDA")
         if self.functions and not self.is_python_module:
             raise ValueError("functions= generates Python bindings; it needs is_python_module=True")
         if not self.cpp_sources and not self.cuda_sources:
@@ -194,15 +205,18 @@ class StubSpec:
         The direct path is taken only for a plain C/C++ library that needs neither torch's
         headers nor a Python module nor CUDA; the flags mirror what torch would pass.
         """
-        if (
+        if self.builder is not None:
+            return self.builder
+        return "direct" if self._direct_ok() else "load_inline"
+
+    def _direct_ok(self) -> bool:
+        return (
             self.skips_implicit_headers
             and not self.is_python_module
             and not self.cuda_sources
             and not self.effective_with_cuda
             and not mentions_torch(self.cpp_sources)
-        ):
-            return "direct"
-        return "load_inline"
+        )
 
     @property
     def tracks_headers(self) -> bool:
@@ -246,6 +260,7 @@ class StubSpec:
             "is_python_module": self.is_python_module,
             "with_pytorch_error_handling": self.with_pytorch_error_handling,
             "no_implicit_headers": self.no_implicit_headers,
+            "builder": self.builder,
         }
 
     @classmethod

@@ -1,0 +1,199 @@
+"""Health checks for ``stubcache doctor``: the root's ownership and permissions, its filesystem,
+free space, and the toolchain. Each check returns a :class:`Check`; nothing here prints."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import sysconfig
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .store import SUBDIRS, Store
+
+NETWORK_FS = ("nfs", "nfs4", "lustre", "cifs", "smb3", "smbfs", "fuse.sshfs", "gpfs", "beegfs",
+              "glusterfs", "fuse.glusterfs", "ceph", "fuse.ceph", "9p", "afs", "fuse.s3fs", "virtiofs")
+FREE_WARN = 1 << 30
+FREE_ERROR = 100 << 20
+
+
+@dataclass
+class Check:
+    """One finding: ``status`` is ``ok``, ``warn`` or ``error``; ``fix`` says what to do."""
+
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _existing_ancestor(path: str) -> str:
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path
+
+
+def filesystem_type(path: str, mountinfo: str = "/proc/self/mountinfo") -> tuple[str, str] | None:
+    """``(fstype, mount point)`` of the mount holding ``path`` (Linux), or ``None``."""
+    real = os.path.realpath(_existing_ancestor(path))
+    best: tuple[str, str] | None = None
+    try:
+        with open(mountinfo, encoding="utf-8", errors="replace") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        fields = left.split()
+        if len(fields) < 5:
+            continue
+        mnt = fields[4].replace("\\040", " ")
+        fstype = right.split()[0] if right.split() else "?"
+        if real == mnt or real.startswith(mnt.rstrip("/") + "/") or mnt == "/":
+            if best is None or len(mnt) >= len(best[1]):
+                best = (fstype, mnt)
+    return best
+
+
+def check_root(root: str) -> list[Check]:
+    """Ownership and permissions of the root and its layout directories."""
+    out: list[Check] = []
+    if not os.path.lexists(root):
+        out.append(Check("root", "ok", f"{root} does not exist yet; it is created (mode 0700) on first use"))
+        return out
+    store = Store(root)
+    paths = [root]
+    if os.path.isdir(store.base):
+        paths += [store.base] + [store.path(s) for s in SUBDIRS if os.path.lexists(store.path(s))]
+    bad = []
+    for p in paths:
+        st = os.lstat(p)
+        if stat.S_ISLNK(st.st_mode):
+            bad.append(Check("permissions", "error", f"{p} is a symlink; stubcache refuses to use it",
+                             f"replace it with a real directory: rm {p}"))
+        elif st.st_uid not in (os.geteuid(), 0):
+            bad.append(Check("ownership", "error", f"{p} is owned by uid {st.st_uid}, not you (uid {os.geteuid()})",
+                             "use a cache directory of your own (--cache-dir or STUBCACHE_DIR)"))
+        elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            bad.append(Check("permissions", "error",
+                             f"{p} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}): "
+                             "anyone who can write it can make your processes run their code",
+                             f"chmod go-w {p}"))
+    out += bad
+    if not bad:
+        mode = stat.S_IMODE(os.lstat(root).st_mode)
+        out.append(Check("ownership", "ok", f"{root} is owned by you, mode {mode:o}, not writable by others"))
+    real = os.path.realpath(root)
+    if real == "/tmp" or real.startswith("/tmp/"):
+        out.append(Check("location", "warn", f"{root} is under /tmp (predictable, may be wiped on reboot)",
+                         "set STUBCACHE_DIR to a directory in your home or on local scratch"))
+    return out
+
+
+def check_filesystem(root: str) -> list[Check]:
+    """Filesystem type (kernel locks may be unreliable on network filesystems) and free space."""
+    out: list[Check] = []
+    fs = filesystem_type(root)
+    if fs is None:
+        out.append(Check("filesystem", "warn", "could not tell the filesystem type (no /proc/self/mountinfo)"))
+    else:
+        fstype, mnt = fs
+        if fstype.lower() in NETWORK_FS or fstype.lower().startswith("nfs"):
+            out.append(Check("filesystem", "warn",
+                             f"{fstype} at {mnt}: flock may be unreliable or emulated across hosts; "
+                             "concurrent builds of one key may duplicate work and pins may not protect "
+                             "entries used on other hosts",
+                             "put the cache on a local disk (STUBCACHE_DIR), one per host"))
+        else:
+            out.append(Check("filesystem", "ok", f"{fstype} at {mnt}"))
+    try:
+        vfs = os.statvfs(_existing_ancestor(root))
+        free = vfs.f_bavail * vfs.f_frsize
+    except OSError as exc:
+        out.append(Check("free space", "warn", f"statvfs failed: {exc}"))
+        return out
+    from .units import human_size
+
+    if free < FREE_ERROR:
+        out.append(Check("free space", "error", f"{human_size(free)} free", "free disk space or `stubcache prune`"))
+    elif free < FREE_WARN:
+        out.append(Check("free space", "warn", f"{human_size(free)} free", "consider `stubcache prune --max-size ...`"))
+    else:
+        out.append(Check("free space", "ok", f"{human_size(free)} free"))
+    return out
+
+
+def check_toolchain(root: str) -> list[Check]:
+    """The compiler (``CXX`` or ``c++``), ninja, torch and Python headers, without importing torch."""
+    from . import fingerprint
+
+    out: list[Check] = []
+    state = Store(root).path("state")
+    state_dir = state if os.path.isdir(state) else None
+    cxx = os.environ.get("CXX", "c++")
+    ident = fingerprint.compiler_identity(cxx, state_dir)
+    if ident.get("path") is None:
+        out.append(Check("compiler", "error", f"{cxx!r} not found on PATH",
+                         "install a C++ compiler (e.g. g++) or set CXX to one"))
+    else:
+        first = (ident.get("version") or "").splitlines()[:1]
+        out.append(Check("compiler", "ok", f"{cxx} -> {ident['path']}" + (f" ({first[0]})" if first else "")))
+    ninja = shutil.which("ninja")
+    if ninja is None:
+        out.append(Check("ninja", "warn", "ninja not found: stubs built through load_inline will fail "
+                         "(plain direct stubs still build)", "pip install ninja"))
+    else:
+        out.append(Check("ninja", "ok", ninja))
+    tfacts = fingerprint.base_fingerprint(state_dir).get("torch") or {}
+    version = tfacts.get("version")
+    if fingerprint.torch_dir() is None or version is None:
+        out.append(Check("torch", "warn", "torch not found: only direct (torch-free) stubs can be built",
+                         "pip install torch>=2.8"))
+    else:
+        try:
+            major, minor = (int(x) for x in str(version).split(".")[:2])
+        except ValueError:
+            major, minor = (0, 0)
+        if (major, minor) < (2, 8):
+            out.append(Check("torch", "warn", f"torch {version}: load_inline has no no_implicit_headers, "
+                             "so header-free stubs build slowly", "upgrade to torch>=2.8"))
+        else:
+            cuda = tfacts.get("cuda")
+            out.append(Check("torch", "ok", f"torch {version}" + (f" (CUDA {cuda})" if cuda else " (no CUDA)")))
+    inc = sysconfig.get_path("include", scheme="posix_prefix")
+    if not inc or not os.path.exists(os.path.join(inc, "Python.h")):
+        out.append(Check("python headers", "warn", f"Python.h not found under {inc}",
+                         "install the Python development headers (e.g. python3-dev)"))
+    else:
+        out.append(Check("python headers", "ok", inc))
+    return out
+
+
+def check_environment() -> list[Check]:
+    """Settings read from the environment."""
+    from .locking import lock_timeout_from_env
+
+    out: list[Check] = []
+    try:
+        timeout = lock_timeout_from_env()
+        out.append(Check("lock timeout", "ok", f"{timeout:g}s (STUBCACHE_LOCK_TIMEOUT)"))
+    except ValueError as exc:
+        out.append(Check("lock timeout", "error", str(exc), "set STUBCACHE_LOCK_TIMEOUT to a number of seconds"))
+    if os.environ.get("STUBCACHE_REQUIRE_HIT", "").strip().lower() in ("1", "true", "yes", "on"):
+        out.append(Check("require hit", "ok", "STUBCACHE_REQUIRE_HIT is set: a miss raises instead of building"))
+    return out
+
+
+def run_checks(root: str) -> list[Check]:
+    """Every check, in the order ``doctor`` prints them."""
+    return check_root(root) + check_filesystem(root) + check_toolchain(root) + check_environment()

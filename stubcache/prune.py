@@ -1,0 +1,330 @@
+"""Deletion plans (pure) and their execution (the only code here that removes anything).
+
+``plan_prune`` turns a :class:`~stubcache.scan.CacheScan` and a :class:`PrunePolicy` into a
+:class:`PrunePlan` that can be printed (``--dry-run``) before :func:`execute_plan` carries it
+out. Execution re-checks everything at the moment of removal, so a stale plan is still safe:
+
+* an entry is removed only while holding an exclusive ``flock`` on ``pins/<key>`` (taken
+  non-blocking; every process that has loaded the entry holds a shared one, so if it fails the
+  entry is in use and is skipped). Under that lock the entry is renamed into ``trash/`` (readers
+  never see a half-deleted entry) and then deleted. Readers take their shared lock before they
+  check that the entry exists, so a reader that races with a removal sees a miss and rebuilds.
+* a staging directory is removed only if its builder pid is gone and its build lock is free;
+  a lease file only while holding its build lock.
+
+Pin files of removed entries are kept: unlinking a lock file that another process may have just
+opened would let that process hold a lock on an orphaned inode. They are empty.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from .scan import CacheScan, EntryRecord, Leftover, flock_held, pid_alive
+from .store import Store
+from .units import human_age, human_size
+
+DEFAULT_QUARANTINE_AGE = 7 * 86400.0
+TOOLCHAIN_FIELDS = ("format", "torch", "cxx", "python", "platform")
+
+
+@dataclass
+class PrunePolicy:
+    """What to remove. Policies compose: an entry goes if any selected policy picks it.
+
+    Attributes:
+        max_size: evict least recently used entries until the entries total at most this.
+        older_than: evict entries not used for longer than this many seconds.
+        toolchain_mismatch: evict entries built for another torch/compiler/Python/platform.
+        everything: remove every entry (``stubcache clear``).
+        leftovers: remove dead builders' staging dirs, stale leases, abandoned trash, and
+            quarantine items older than ``quarantine_age`` (every quarantine item with ``everything``).
+    """
+
+    max_size: int | None = None
+    older_than: float | None = None
+    toolchain_mismatch: bool = False
+    everything: bool = False
+    leftovers: bool = True
+    quarantine_age: float = DEFAULT_QUARANTINE_AGE
+
+
+@dataclass
+class PlanItem:
+    """One thing the plan would remove (``action="remove"``) or deliberately keeps (``"skip"``)."""
+
+    kind: str            # entry | staging | lease | quarantine | trash
+    path: str
+    name: str
+    size: int
+    reason: str
+    action: str = "remove"
+    key: str | None = None
+    pid: int | None = None
+    outcome: str | None = None   # set by execute_plan: removed | in use | gone | failed: ...
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "key": self.key, "name": self.name, "path": self.path,
+                "size": self.size, "reason": self.reason, "action": self.action, "outcome": self.outcome}
+
+
+@dataclass
+class PrunePlan:
+    """The plan: items in removal order, plus the size accounting of entries."""
+
+    items: list[PlanItem] = field(default_factory=list)
+    entries_before: int = 0
+    size_before: int = 0
+    max_size: int | None = None
+
+    @property
+    def removals(self) -> list[PlanItem]:
+        return [i for i in self.items if i.action == "remove"]
+
+    @property
+    def skipped(self) -> list[PlanItem]:
+        return [i for i in self.items if i.action == "skip"]
+
+    @property
+    def bytes_to_free(self) -> int:
+        return sum(i.size for i in self.removals)
+
+    @property
+    def entry_size_after(self) -> int:
+        return self.size_before - sum(i.size for i in self.removals if i.kind == "entry")
+
+    @property
+    def target_reached(self) -> bool:
+        return self.max_size is None or self.entry_size_after <= self.max_size
+
+    def summary(self) -> dict[str, Any]:
+        removed = [i for i in self.items if i.outcome == "removed"]
+        return {
+            "entries_before": self.entries_before,
+            "size_before": self.size_before,
+            "planned_removals": len(self.removals),
+            "planned_bytes": self.bytes_to_free,
+            "skipped": len(self.skipped),
+            "size_after_planned": self.entry_size_after,
+            "max_size": self.max_size,
+            "target_reached": self.target_reached,
+            "removed": len(removed),
+            "bytes_freed": sum(i.size for i in removed),
+            "in_use_at_removal": sum(1 for i in self.items if i.outcome == "in use"),
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {"summary": self.summary(), "items": [i.to_json() for i in self.items]}
+
+
+# --- planning (pure) -------------------------------------------------------------------------
+
+
+def toolchain_mismatch(entry_fp: dict[str, Any], current_fp: dict[str, Any]) -> str | None:
+    """Why an entry's fingerprint cannot match this environment any more, or ``None``."""
+    if not entry_fp:
+        return None
+    why = []
+    for f in TOOLCHAIN_FIELDS:
+        a, b = entry_fp.get(f), current_fp.get(f)
+        if a == b:
+            continue
+        if f == "torch" and isinstance(a, dict) and isinstance(b, dict) and a.get("version") != b.get("version"):
+            why.append(f"torch {a.get('version')} (now {b.get('version')})")
+        elif f == "cxx" and isinstance(a, dict) and isinstance(b, dict):
+            la = (a.get("version") or "").splitlines()[:1] or [a.get("path")]
+            lb = (b.get("version") or "").splitlines()[:1] or [b.get("path")]
+            why.append(f"compiler {a.get('command')}: {la[0]} (now {b.get('command')}: {lb[0]})")
+        elif f == "python" and isinstance(a, dict) and isinstance(b, dict):
+            why.append(f"python {a.get('version')} {a.get('implementation')} (now {b.get('version')} "
+                       f"{b.get('implementation')})")
+        else:
+            why.append(f"{f} differs")
+    if "cuda" in entry_fp and "cuda" in current_fp and entry_fp["cuda"] != current_fp["cuda"]:
+        why.append("nvcc differs")
+    return "toolchain mismatch: " + "; ".join(why) if why else None
+
+
+def _entry_item(e: EntryRecord, reason: str) -> PlanItem:
+    if e.in_use:
+        return PlanItem("entry", e.path, e.name, e.size, f"{reason}; in use by a live process",
+                        action="skip", key=e.key)
+    return PlanItem("entry", e.path, e.name, e.size, reason, key=e.key)
+
+
+def plan_prune(scan: CacheScan, policy: PrunePolicy, current_fp: dict[str, Any] | None = None) -> PrunePlan:
+    """Compute what ``policy`` removes from ``scan`` (no I/O).
+
+    Order: entries picked by ``everything``/age/toolchain, then least-recently-used entries for
+    ``max_size`` (oldest "last used" first; entries in use are skipped and the next one is
+    taken), then leftovers. ``current_fp`` is required for ``toolchain_mismatch``.
+    """
+    now = scan.now
+    good = [e for e in scan.entries if e.error is None]
+    plan = PrunePlan(entries_before=len(scan.entries), size_before=scan.total_size, max_size=policy.max_size)
+    picked: set[str] = set()
+    for e in scan.entries:
+        if e.error is not None:
+            plan.items.append(PlanItem("entry", e.path, e.name, e.size, f"broken entry ({e.error}); "
+                                       "run `stubcache verify` to quarantine it", action="skip", key=e.key))
+    for e in sorted(good, key=lambda r: (r.last_used, r.created, r.key)):
+        reasons = []
+        if policy.everything:
+            reasons.append("clear")
+        if policy.older_than is not None and now - e.last_used > policy.older_than:
+            reasons.append(f"unused for {human_age(now - e.last_used)} (> {human_age(policy.older_than)})")
+        if policy.toolchain_mismatch:
+            if current_fp is None:
+                raise ValueError("toolchain_mismatch needs the current fingerprint")
+            why = toolchain_mismatch(e.fingerprint, current_fp)
+            if why:
+                reasons.append(why)
+        if reasons:
+            item = _entry_item(e, "; ".join(reasons))
+            plan.items.append(item)
+            picked.add(e.key)
+    if policy.max_size is not None:
+        total = sum(e.size for e in good) - sum(
+            i.size for i in plan.items if i.kind == "entry" and i.action == "remove")
+        for e in sorted(good, key=lambda r: (r.last_used, r.created, r.key)):
+            if total <= policy.max_size:
+                break
+            if e.key in picked:
+                continue
+            item = _entry_item(e, f"least recently used (last used {human_age(now - e.last_used)} ago); "
+                                  f"entries over {human_size(policy.max_size)}")
+            plan.items.append(item)
+            if item.action == "remove":
+                total -= e.size
+    if policy.leftovers or policy.everything:
+        plan.items.extend(_leftover_items(scan.leftovers, policy))
+    return plan
+
+
+def _leftover_items(leftovers: Iterable[Leftover], policy: PrunePolicy) -> list[PlanItem]:
+    out = []
+    for lo in leftovers:
+        if lo.kind == "quarantine":
+            if policy.everything or lo.age > policy.quarantine_age:
+                why = f"quarantined {human_age(lo.age)} ago" + (f" ({lo.detail})" if lo.detail else "")
+                out.append(PlanItem(lo.kind, lo.path, lo.name, lo.size, why, pid=lo.pid))
+        elif lo.stale:
+            out.append(PlanItem(lo.kind, lo.path, lo.name, lo.size, lo.detail, pid=lo.pid))
+        elif lo.kind == "staging":
+            out.append(PlanItem(lo.kind, lo.path, lo.name, lo.size, lo.detail, action="skip", pid=lo.pid))
+    return out
+
+
+# --- execution (I/O) -------------------------------------------------------------------------
+
+
+def evict_entry(store: Store, key: str) -> str:
+    """Remove one entry unless a live process holds it: ``removed``, ``in use`` or ``gone``.
+
+    Takes ``LOCK_EX|LOCK_NB`` on ``pins/<key>`` (the same inode readers lock), renames the
+    entry into ``trash/`` and deletes it there, then releases the lock.
+    """
+    try:
+        fd = os.open(store.pin_path(key), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileNotFoundError:
+        return "gone"  # no pins/ directory: no layout here
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return "in use"
+            raise
+        trashed = store.trash(key)
+        if trashed is None:
+            return "gone"
+        store.rmtree(trashed)
+        return "removed"
+    finally:
+        os.close(fd)
+
+
+def _remove_lease(store: Store, item: PlanItem) -> str:
+    name = item.name
+    if name.endswith(".tmp"):
+        if item.pid is not None and pid_alive(item.pid):
+            return "in use"
+        return _unlink(item.path)
+    base = name[:-5] if name.endswith(".json") else name
+    lock = store.lock_path(base)
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return _unlink(item.path)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return "in use"
+            raise
+        return _unlink(item.path)
+    finally:
+        os.close(fd)
+
+
+def _unlink(path: str) -> str:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return "gone"
+    return "removed"
+
+
+def _remove_tree(path: str) -> str:
+    if not os.path.lexists(path):
+        return "gone"
+    Store.rmtree(path)
+    return "removed" if not os.path.lexists(path) else "failed: could not remove everything"
+
+
+def execute_item(store: Store, item: PlanItem) -> str:
+    """Carry out one removal, re-checking that it is still safe; returns the outcome."""
+    if item.kind == "entry":
+        assert item.key is not None
+        return evict_entry(store, item.key)
+    if item.kind == "staging":
+        base = item.name.split("-", 1)[0]
+        if (item.pid is not None and pid_alive(item.pid)) or flock_held(store.lock_path(base)):
+            return "in use"
+        return _remove_tree(item.path)
+    if item.kind == "lease":
+        return _remove_lease(store, item)
+    if item.kind == "trash":
+        if item.pid is not None and item.pid != os.getpid() and pid_alive(item.pid):
+            return "in use"
+        return _remove_tree(item.path)
+    if item.kind == "quarantine":
+        return _remove_tree(item.path)
+    raise ValueError(f"unknown plan item kind {item.kind!r}")
+
+
+def execute_plan(store: Store, plan: PrunePlan) -> PrunePlan:
+    """Carry out every ``remove`` item of ``plan`` in order; fills each item's ``outcome``."""
+    for item in plan.removals:
+        try:
+            item.outcome = execute_item(store, item)
+        except OSError as exc:
+            item.outcome = f"failed: {exc}"
+    return plan
+
+
+def current_fingerprint(store: Store, need_cuda: bool = False) -> dict[str, Any]:
+    """This environment's fingerprint (no torch import; the compiler's version is memoised)."""
+    from . import fingerprint
+
+    state = store.path("state")
+    fp = dict(fingerprint.base_fingerprint(state if os.path.isdir(state) else None))
+    if need_cuda:
+        fp["cuda"] = fingerprint.cuda_fingerprint(state if os.path.isdir(state) else None)
+    return fp
+

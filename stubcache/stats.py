@@ -1,0 +1,170 @@
+"""Folding the per-process event files (``events/*.jsonl``, written by :mod:`stubcache.events`)
+into the counters ``stubcache stats`` prints.
+
+Every process appends to its own file, so nothing here needs a lock, and a process killed at
+any point leaves every complete line it wrote (a torn last line is counted in ``bad_lines``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable
+
+from .scan import EntryRecord
+
+
+@dataclass
+class EventTotals:
+    """Counters folded from event lines."""
+
+    hits: int = 0
+    misses: int = 0
+    builds: int = 0
+    build_seconds: float = 0.0
+    waits: int = 0
+    wait_seconds: float = 0.0
+    failed_builds: int = 0
+    quarantined: int = 0
+    lock_timeouts: int = 0
+    private_builds: int = 0
+    private_build_seconds: float = 0.0
+    processes: int = 0
+    bad_lines: int = 0
+    first_event: float | None = None
+    last_event: float | None = None
+    hits_by_key: dict[str, int] = field(default_factory=dict)
+    build_seconds_by_key: dict[str, float] = field(default_factory=dict)
+
+    def add(self, rec: dict[str, Any]) -> None:
+        """Fold one parsed event line."""
+        ev = rec.get("ev")
+        key = rec.get("key") or ""
+        s = rec.get("s")
+        s = float(s) if isinstance(s, (int, float)) else 0.0
+        t = rec.get("t")
+        if isinstance(t, (int, float)):
+            self.first_event = t if self.first_event is None else min(self.first_event, t)
+            self.last_event = t if self.last_event is None else max(self.last_event, t)
+        if ev == "hit":
+            self.hits += 1
+            self.hits_by_key[key] = self.hits_by_key.get(key, 0) + 1
+        elif ev == "miss":
+            self.misses += 1
+        elif ev == "build":
+            self.builds += 1
+            self.build_seconds += s
+            self.build_seconds_by_key[key] = s
+        elif ev == "wait":
+            self.waits += 1
+            self.wait_seconds += s
+        elif ev == "fail":
+            self.failed_builds += 1
+        elif ev == "quarantine":
+            self.quarantined += 1
+        elif ev == "lock_timeout":
+            self.lock_timeouts += 1
+            self.wait_seconds += s
+        elif ev == "private_build":
+            self.private_builds += 1
+            self.private_build_seconds += s
+
+
+def fold_lines(lines: Iterable[bytes], totals: EventTotals) -> None:
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            totals.bad_lines += 1
+            continue
+        if isinstance(rec, dict):
+            totals.add(rec)
+        else:
+            totals.bad_lines += 1
+
+
+def fold_events(events_dir: str) -> EventTotals:
+    """Fold every ``*.jsonl`` file under ``events_dir``."""
+    totals = EventTotals()
+    try:
+        names = os.listdir(events_dir)
+    except FileNotFoundError:
+        return totals
+    for name in names:
+        if not name.endswith(".jsonl"):
+            continue
+        try:
+            with open(os.path.join(events_dir, name), "rb") as fh:
+                data = fh.read()
+        except OSError:
+            continue
+        totals.processes += 1
+        fold_lines(data.split(b"\n"), totals)
+    return totals
+
+
+@dataclass
+class Stats:
+    """What ``stubcache stats`` reports."""
+
+    root: str
+    entries: int
+    total_size: int
+    hits: int
+    misses: int
+    hit_rate: float | None
+    builds: int
+    build_seconds: float
+    saved_seconds: float
+    waits: int
+    wait_seconds: float
+    failed_builds: int
+    quarantined: int
+    quarantine_items: int
+    lock_timeouts: int
+    private_builds: int
+    processes: int
+    bad_lines: int
+    first_event: float | None
+    last_event: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def compute_stats(root: str, entries: list[EntryRecord], totals: EventTotals, quarantine_items: int) -> Stats:
+    """Combine a scan and folded events (pure).
+
+    "Seconds saved" counts, for each hit, what building that entry took: the manifest's
+    ``build_seconds`` if the entry is still there, else the last recorded build of that key.
+    """
+    build_s = {e.key: e.build_seconds for e in entries}
+    saved = 0.0
+    for key, n in totals.hits_by_key.items():
+        saved += n * build_s.get(key, totals.build_seconds_by_key.get(key, 0.0))
+    lookups = totals.hits + totals.misses
+    return Stats(
+        root=root,
+        entries=len(entries),
+        total_size=sum(e.size for e in entries),
+        hits=totals.hits,
+        misses=totals.misses,
+        hit_rate=round(totals.hits / lookups, 4) if lookups else None,
+        builds=totals.builds,
+        build_seconds=round(totals.build_seconds, 6),
+        saved_seconds=round(saved, 6),
+        waits=totals.waits,
+        wait_seconds=round(totals.wait_seconds, 6),
+        failed_builds=totals.failed_builds,
+        quarantined=totals.quarantined,
+        quarantine_items=quarantine_items,
+        lock_timeouts=totals.lock_timeouts,
+        private_builds=totals.private_builds,
+        processes=totals.processes,
+        bad_lines=totals.bad_lines,
+        first_event=totals.first_event,
+        last_event=totals.last_event,
+    )

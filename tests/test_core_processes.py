@@ -1,0 +1,260 @@
+"""Core behaviour with real processes, a real compiler and real kill -9 (header-free stubs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+import stubcache
+from stubcache import BuildError, StubCache, StubSpec
+
+from .conftest import run_py, spawn_py
+
+
+def value_src(n: int) -> str:
+    return f'extern "C" int value(void) {{ return {n}; }}\n'
+
+
+# A child that waits for a start signal, then gets-or-builds and calls value().
+CHILD = """
+import json, os, sys, time
+start = float(os.environ["START_AT"])
+while time.time() < start:
+    time.sleep(0.001)
+import stubcache
+spec = stubcache.StubSpec(os.environ.get("NAME", "herd"), os.environ["SRC"])
+lib = stubcache.StubCache().load(spec)
+print(json.dumps({"value": lib.value(), "torch": "torch" in sys.modules}))
+"""
+
+
+def herd(sources: list[str], name_per_proc=None) -> list[dict]:
+    start = time.time() + 1.0
+    procs = []
+    for i, src in enumerate(sources):
+        env = {"START_AT": str(start), "SRC": src}
+        if name_per_proc:
+            env["NAME"] = name_per_proc[i]
+        procs.append(spawn_py(CHILD, env=env))
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
+def published(root: Path) -> list[str]:
+    d = root / "v1" / "entries"
+    return sorted(os.listdir(d)) if d.exists() else []
+
+
+def test_eight_processes_same_spec_compile_once(cache_root, cxx):
+    results = herd([value_src(7)] * 8)
+    assert [r["value"] for r in results] == [7] * 8
+    assert cxx.compiles() == 1
+    assert len(published(cache_root)) == 1
+
+
+def test_eight_processes_same_name_different_sources_each_get_their_own(cache_root, cxx):
+    results = herd([value_src(i) for i in range(8)])
+    assert [r["value"] for r in results] == list(range(8))
+    assert cxx.compiles() == 8
+    assert len(published(cache_root)) == 8
+
+
+def test_later_process_hits_without_compiling_or_importing_torch(cache_root, cxx):
+    herd([value_src(3)])
+    cxx.reset()
+    results = herd([value_src(3)])
+    assert results == [{"value": 3, "torch": False}]
+    assert cxx.compiles() == 0
+
+
+def test_hit_path_starts_no_subprocess(cache_root, cxx):
+    herd([value_src(4)])
+    code = """
+    import subprocess, os, stubcache
+    def boom(*a, **k): raise AssertionError("subprocess started on the hit path")
+    subprocess.Popen = boom
+    os.posix_spawn = boom
+    lib = stubcache.StubCache().load(stubcache.StubSpec("herd", os.environ["SRC"]))
+    print(lib.value())
+    """
+    assert run_py(code, env={"SRC": value_src(4)}).stdout.strip() == "4"
+
+
+def test_in_process_repeat_returns_memoised_entry(cache_root, cxx):
+    cache = StubCache()
+    spec = StubSpec("memo", value_src(1))
+    a = cache.get_or_build(spec)
+    b = cache.get_or_build(StubSpec("memo", value_src(1)))
+    assert a.path == b.path and a.key == b.key
+    assert cxx.compiles() == 1
+
+
+def test_used_header_content_is_part_of_the_key(cache_root, cxx, tmp_path):
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "val.h").write_text("#define VAL 11\n")
+    src = '#include "val.h"\nextern "C" int value(void) { return VAL; }\n'
+    code = """
+    import os, stubcache
+    spec = stubcache.StubSpec("hdr", os.environ["SRC"], extra_include_paths=[os.environ["INC"]])
+    e = stubcache.StubCache().get_or_build(spec)
+    print(stubcache.StubCache().load_entry(e).value(), e.key)
+    """
+    env = {"SRC": src, "INC": str(inc)}
+    v1, k1 = run_py(code, env=env).stdout.split()
+    assert v1 == "11"
+    v1b, k1b = run_py(code, env=env).stdout.split()
+    assert (v1b, k1b) == (v1, k1) and cxx.compiles() == 1
+    (inc / "val.h").write_text("#define VAL 12\n")
+    v2, k2 = run_py(code, env=env).stdout.split()
+    assert v2 == "12" and k2 != k1 and cxx.compiles() == 2
+    (inc / "val.h").write_text("#define VAL 11\n")  # back to the first content: a hit again
+    v3, k3 = run_py(code, env=env).stdout.split()
+    assert (v3, k3) == ("11", k1) and cxx.compiles() == 2
+    manifest = StubCache().store.read_manifest(k1)
+    assert list(manifest.headers) == [str((inc / "val.h").resolve())]
+
+
+def test_irrelevant_load_inline_arguments_share_one_build(cache_root, cxx, tmp_path):
+    a = stubcache.load_inline("irr", value_src(5), is_python_module=False, no_implicit_headers=True,
+                              build_directory=str(tmp_path / "b1"), verbose=True)
+    b = stubcache.load_inline("irr", value_src(5), is_python_module=False, no_implicit_headers=True,
+                              build_directory=str(tmp_path / "b2"), verbose=False, keep_intermediates=False)
+    assert a == b and cxx.compiles() == 1
+    assert not (tmp_path / "b1").exists()  # build_directory never becomes a shared scratch dir
+
+
+def test_sigkill_mid_compile_does_not_block_the_next_process(cache_root, cxx, tmp_path):
+    mark = tmp_path / "compiling"
+    victim = subprocess.Popen(
+        ["python", "-c", "import os, stubcache; stubcache.StubCache().load(stubcache.StubSpec('kill', os.environ['SRC']))"],
+        env=dict(os.environ, SRC=value_src(9), STUBCACHE_TEST_CXX_SLEEP="60", STUBCACHE_TEST_CXX_MARK=str(mark)),
+        start_new_session=True)
+    try:
+        for _ in range(600):
+            if mark.exists():
+                break
+            time.sleep(0.05)
+        assert mark.exists(), "victim never started compiling"
+        waiter = spawn_py("""
+        import os, stubcache
+        print(stubcache.StubCache().load(stubcache.StubSpec('kill', os.environ['SRC'])).value())
+        """, env={"SRC": value_src(9)})
+        time.sleep(0.5)  # the waiter is now blocked on the victim's lock
+        assert published(cache_root) == []
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait()
+        # The victim's compiler child is still sleeping for a minute; the waiter must not wait for it.
+        out, err = waiter.communicate(timeout=30)
+        assert waiter.returncode == 0, err
+        assert out.strip() == "9"
+        assert cxx.compiles() == 2
+        assert len(published(cache_root)) == 1
+    finally:
+        try:
+            os.killpg(victim.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+BROKEN = 'extern "C" int value(void) { return this is not C++; }\n'
+
+
+def test_invalid_cpp_raises_build_error_and_publishes_nothing(cache_root, cxx):
+    cache = StubCache()
+    with pytest.raises(BuildError) as info:
+        cache.get_or_build(StubSpec("broken", BROKEN))
+    assert "error" in info.value.output and "main.cpp" in info.value.output
+    assert published(cache_root) == []
+    assert os.listdir(cache_root / "v1" / "staging") == []
+    with pytest.raises(BuildError):  # again: retried, raised again, no hang
+        cache.get_or_build(StubSpec("broken", BROKEN))
+    assert cxx.compiles() == 2
+
+
+def test_waiters_get_the_build_error_without_recompiling(cache_root, cxx, tmp_path):
+    mark = tmp_path / "compiling"
+    code = """
+    import os, sys, stubcache
+    try:
+        stubcache.StubCache().get_or_build(stubcache.StubSpec('broken', os.environ['SRC']))
+    except stubcache.BuildError as e:
+        print("BuildError", "error" in e.output)
+        sys.exit(0)
+    sys.exit(1)
+    """
+    first = spawn_py(code, env={"SRC": BROKEN, "STUBCACHE_TEST_CXX_SLEEP": "2", "STUBCACHE_TEST_CXX_MARK": str(mark)})
+    for _ in range(600):
+        if mark.exists():
+            break
+        time.sleep(0.05)
+    waiters = [spawn_py(code, env={"SRC": BROKEN}) for _ in range(3)]
+    for p in [first, *waiters]:
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+        assert out.strip() == "BuildError True"
+    assert cxx.compiles() == 1
+    assert published(cache_root) == []
+
+
+def test_truncated_library_is_quarantined_and_rebuilt(cache_root, cxx):
+    code = """
+    import os, stubcache
+    print(stubcache.StubCache().load(stubcache.StubSpec('corrupt', os.environ['SRC'])).value())
+    """
+    assert run_py(code, env={"SRC": value_src(21)}).stdout.strip() == "21"
+    [key] = published(cache_root)
+    entry = cache_root / "v1" / "entries" / key
+    lib = next(p for p in entry.iterdir() if p.suffix == ".so")
+    entry.chmod(0o755)
+    lib.chmod(0o644)
+    with open(lib, "r+b") as fh:
+        fh.truncate(100)
+    lib.chmod(0o555)
+    proc = run_py(code, env={"SRC": value_src(21)})
+    assert proc.stdout.strip() == "21"
+    assert "quarantined" in proc.stderr
+    assert cxx.compiles() == 2
+    assert len(os.listdir(cache_root / "v1" / "quarantine")) == 1
+
+
+def test_direct_stub_needs_no_libtorch(cache_root):
+    entry = StubCache().get_or_build(StubSpec("needed", value_src(1)))
+    needed = _dt_needed(entry.path)
+    assert not any("torch" in n or "c10" in n for n in needed), needed
+
+
+def test_load_inline_path_links_as_needed(cache_root):
+    """torch adds -lc10 -ltorch...; with --as-needed a stub that uses none keeps none."""
+    entry = StubCache().get_or_build(StubSpec("needed_li", value_src(2), builder="load_inline"))
+    assert entry.manifest.build_method == "load_inline"
+    assert "--as-needed" in entry.manifest.build_log
+    needed = _dt_needed(entry.path)
+    assert not any("torch" in n or "c10" in n for n in needed), needed
+    assert StubCache().load_entry(entry).value() == 2
+
+
+def _dt_needed(path: str) -> list[str]:
+    out = subprocess.run(["readelf", "-d", path], capture_output=True, text=True, check=True).stdout
+    return [ln.split("[", 1)[1].rstrip("]") for ln in out.splitlines() if "(NEEDED)" in ln]
+
+
+def test_manifest_records_the_build(cache_root):
+    entry = StubCache().get_or_build(StubSpec("manif", value_src(3)))
+    m = entry.manifest
+    assert m.key == entry.key and m.build_method == "direct"
+    assert m.preimage["spec"]["cpp_sources"] == [value_src(3)]
+    assert m.preimage["fingerprint"]["torch"]["version"].startswith("2.")
+    assert "$ " in m.build_log and m.size == os.path.getsize(entry.path)
+    assert sorted(os.listdir(os.path.dirname(entry.path))) == sorted(["manifest.json", m.library])
+    assert os.stat(cache_root).st_mode & 0o777 == 0o700
