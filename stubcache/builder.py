@@ -229,14 +229,3 @@ def tracked_headers(spec: StubSpec, deps: list[str]) -> dict[str, str]:
     return out
 
 
-def headers_match(headers: dict) -> bool:
-    """True if every recorded header still has the recorded content."""
-    from .store import file_sha256
-
-    for path, digest in headers.items():
-        try:
-            if file_sha256(path) != digest:
-                return False
-        except OSError:
-            return False
-    return True

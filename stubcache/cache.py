@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import threading
 import time
 
-from . import events, fingerprint
-from .builder import build, headers_match
+from . import _log, events, fingerprint
 from .errors import BuildError, CacheMissError, IntegrityError, LockTimeoutError, StubCacheError
 from .key import base_key, entry_key, preimage
 from .manifest import MANIFEST_NAME, Manifest
 from .spec import StubSpec
-from .store import Store, default_root, file_sha256
+from .store import Store, default_root, file_sha256, headers_match
 from .trust import check_dir, check_stat
-
-log = logging.getLogger("stubcache")
 
 __version__ = "0.1.0"
 
@@ -174,12 +170,12 @@ class StubCache:
             self.store.ensure()
             lock = locking.acquire(self.store, base, timeout, spec.name)
         except LockTimeoutError as exc:
-            log.warning("stubcache: %s; building privately without publishing", exc)
+            _log.warning("stubcache: %s; building privately without publishing", exc)
             self._event("lock_timeout", base, time.time() - t_wait, name=spec.name)
             return self._private_build(spec, base, reason=str(exc))
         except OSError as exc:
             if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT):
-                log.warning("stubcache: cache root %s is not writable (%s); building privately", self.root, exc)
+                _log.warning("stubcache: cache root %s is not writable (%s); building privately", self.root, exc)
                 return self._private_build(spec, base, reason=str(exc))
             raise
         try:
@@ -276,6 +272,8 @@ class StubCache:
         )
 
     def _build_and_publish(self, spec: StubSpec, base: str) -> Entry:
+        from .builder import build
+
         staging = self.store.new_staging(base)
         try:
             build_dir = os.path.join(staging, "build")
@@ -305,6 +303,8 @@ class StubCache:
         """Build in a private temporary directory, load from there, never publish."""
         import atexit
         import tempfile
+
+        from .builder import build
 
         tmp = tempfile.mkdtemp(prefix="stubcache-private-")
         atexit.register(Store.rmtree, tmp)

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from typing import Any, Sequence
 
+from . import _log
 from .cache import Entry, StubCache
 from .spec import StubSpec
-
-log = logging.getLogger("stubcache")
 
 _caches: dict[str, StubCache] = {}
 _modules: dict[str, Any] = {}
@@ -106,7 +104,7 @@ def load_inline(
     cache = default_cache()
     entry = cache.get_or_build(spec)
     if verbose:
-        log.info("stubcache: %s -> %s (%s)", name, entry.path, entry.manifest.build_method)
+        _log.info("stubcache: %s -> %s (%s)", name, entry.path, entry.manifest.build_method)
     return _import_entry(cache, entry, is_python_module)
 
 
@@ -157,5 +155,5 @@ def load(
     cache = default_cache()
     entry = cache.get_or_build(spec)
     if verbose:
-        log.info("stubcache: %s -> %s (%s)", name, entry.path, entry.manifest.build_method)
+        _log.info("stubcache: %s -> %s (%s)", name, entry.path, entry.manifest.build_method)
     return _import_entry(cache, entry, is_python_module)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 import time
 
@@ -28,7 +27,7 @@ def record(events_dir: str, event: str, key: str = "", seconds: float | None = N
             fd = _fds.get(events_dir)
             pid = os.getpid()
             if fd is None or _fds.get(events_dir + ":pid") != pid:  # reopen after fork
-                name = f"{socket.gethostname()}-{pid}-{os.urandom(4).hex()}.jsonl"
+                name = f"{os.uname().nodename}-{pid}-{os.urandom(4).hex()}.jsonl"
                 fd = os.open(os.path.join(events_dir, name),
                              os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
                 _fds[events_dir] = fd

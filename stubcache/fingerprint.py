@@ -14,8 +14,6 @@ import importlib.util
 import json
 import os
 import re
-import shutil
-import subprocess
 import sys
 import threading
 from typing import Any
@@ -126,13 +124,24 @@ def _memo(state_dir: str | None, memo_key: str, compute) -> dict:
     return value
 
 
+def which(command: str) -> str | None:
+    """``shutil.which`` for executables, without importing shutil on the hit path."""
+    if os.sep in command:
+        return command if os.path.isfile(command) and os.access(command, os.X_OK) else None
+    for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        cand = os.path.join(d or ".", command)
+        if os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
 def compiler_identity(command: str, state_dir: str | None) -> dict[str, Any]:
     """Resolved path and ``--version`` output of ``command`` (``CXX``), memoised on disk."""
     with _lock:
         cached = _compilers.get(command)
     if cached is not None:
         return cached
-    found = shutil.which(command)
+    found = which(command)
     if found is None:
         ident: dict[str, Any] = {"command": command, "path": None, "version": None}
     else:
@@ -141,12 +150,14 @@ def compiler_identity(command: str, state_dir: str | None) -> dict[str, Any]:
         memo_key = f"cc:{path}:{st.st_size}:{st.st_mtime_ns}"
 
         def compute() -> dict:
+            import subprocess
+
             try:
                 out = subprocess.run(
                     [path, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                     timeout=60, check=False,
                 ).stdout.decode("utf-8", "replace")
-            except (OSError, subprocess.SubprocessError) as exc:
+            except (OSError, subprocess.SubprocessError) as exc:  # noqa: F821
                 out = f"<failed: {exc}>"
             return {"version": out.strip()}
 
@@ -194,7 +205,7 @@ def cuda_fingerprint(state_dir: str | None) -> dict[str, Any]:
         if home:
             nvcc = os.path.join(home, "bin", "nvcc")
         else:
-            nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+            nvcc = which("nvcc") or "/usr/local/cuda/bin/nvcc"
     return {"nvcc": compiler_identity(nvcc, state_dir)}
 
 

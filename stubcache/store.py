@@ -19,15 +19,11 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
-import logging
 import os
-import shutil
-import socket
 import time
 
+from . import _log
 from .manifest import MANIFEST_NAME, Manifest
-
-log = logging.getLogger("stubcache")
 
 LAYOUT = "v1"
 SUBDIRS = ("entries", "variants", "staging", "locks", "leases", "failures", "pins",
@@ -51,6 +47,17 @@ def file_sha256(fd_or_path) -> str:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 h.update(chunk)
     return h.hexdigest()
+
+
+def headers_match(headers: dict) -> bool:
+    """True if every recorded header still has the recorded content."""
+    for path, digest in headers.items():
+        try:
+            if file_sha256(path) != digest:
+                return False
+        except OSError:
+            return False
+    return True
 
 
 def default_root() -> str:
@@ -168,7 +175,7 @@ class Store:
         """Move an entry to ``quarantine/`` (kept for inspection; prune removes old ones)."""
         dst = self._move_aside(key, "quarantine")
         if dst is not None:
-            log.warning("stubcache: quarantined entry %s (%s) -> %s", key, reason, dst)
+            _log.warning("stubcache: quarantined entry %s (%s) -> %s", key, reason, dst)
             try:
                 with open(os.path.join(dst, "QUARANTINE_REASON"), "w", encoding="utf-8") as fh:
                     fh.write(reason + "\n")
@@ -183,6 +190,8 @@ class Store:
     @staticmethod
     def rmtree(path: str) -> None:
         """Remove a tree that may contain read-only files/directories."""
+        import shutil
+
         def onerror(func, p, exc_info):
             try:
                 os.chmod(os.path.dirname(p), 0o700)
@@ -228,7 +237,7 @@ class Store:
         return os.path.join(self.base, "leases", f"{base}.json")
 
     def write_lease(self, base: str, name: str) -> None:
-        info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(), "name": name}
+        info = {"pid": os.getpid(), "host": os.uname().nodename, "started": time.time(), "name": name}
         tmp = self.lease_path(base) + f".{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump(info, fh)
