@@ -167,8 +167,9 @@ def free_symbol(index: int) -> str:
 
 class StubTiming:
     """How the stub was obtained in this process: ``seconds`` for get_or_build + dlopen,
-    ``built`` (True if this call compiled it), ``build_seconds`` (the compile, from the
-    manifest), ``method`` (stubcache's build path) and the entry ``key``."""
+    ``built`` (True if it was compiled during this call, by this process or by a concurrent
+    one that this process waited for; False for a cache hit), ``build_seconds`` (the compile,
+    from the manifest), ``method`` (stubcache's build path) and the entry ``key``."""
 
     __slots__ = ("seconds", "built", "build_seconds", "method", "key")
 
@@ -282,6 +283,7 @@ class StubLibrary:
 
 _loaded: dict[tuple[int, int], StubLibrary] = {}
 _load_lock = threading.Lock()
+_spec: Optional[stubcache.StubSpec] = None  # one spec object, so stubcache memoizes its key
 
 
 def load_stub(cache: Optional[stubcache.StubCache] = None) -> StubLibrary:
@@ -290,10 +292,13 @@ def load_stub(cache: Optional[stubcache.StubCache] = None) -> StubLibrary:
     Args:
         cache: the :class:`stubcache.StubCache` to use; default ``stubcache.default_cache()``.
     """
+    global _spec
     cache = cache if cache is not None else stubcache.default_cache()
     t0 = time.perf_counter()
     t_wall = time.time()
-    entry = cache.get_or_build(allocator_spec())
+    if _spec is None:
+        _spec = allocator_spec()
+    entry = cache.get_or_build(_spec)
     st = os.stat(entry.path)
     ident = (st.st_dev, st.st_ino)
     with _load_lock:

@@ -1,0 +1,78 @@
+"""``python -m kvarena.demo``: an arena (CUDA if available, else host), a commit, a KV tensor.
+
+Prints how the allocator stub was obtained (built or cache hit, and how long it took), then
+allocates a ``[layers, 2, tokens, heads, head_dim]`` KV-cache tensor inside the arena.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import stubcache
+
+from . import KvArena, load_stub
+
+MiB = 1 << 20
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m kvarena.demo", description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
+    ap.add_argument("--reserve-mib", type=int, default=1024, help="address space to reserve")
+    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--head-dim", type=int, default=128)
+    args = ap.parse_args(argv)
+
+    t0 = time.perf_counter()
+    stub = load_stub()
+    t_stub = time.perf_counter() - t0
+    t = stub.timing
+    print(f"stub cache     {stubcache.default_cache().root}")
+    print(f"stub library   {stub.path}")
+    if t.built:
+        print(f"stub           cache miss, built now: compile {t.build_seconds * 1e3:.1f} ms "
+              f"({t.method}), get+load {t_stub * 1e3:.1f} ms")
+    else:
+        print(f"stub           cache hit: get+load {t_stub * 1e3:.1f} ms "
+              f"(it was compiled once in {t.build_seconds * 1e3:.1f} ms via {t.method})")
+    t1 = time.perf_counter()
+    load_stub()
+    print(f"stub again     {(time.perf_counter() - t1) * 1e6:.0f} us (in-process hit)")
+
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    shape = (args.layers, 2, args.tokens, args.heads, args.head_dim)
+    dtype = torch.float16 if device.startswith("cuda") else torch.float32
+    nbytes = dtype.itemsize
+    for s in shape:
+        nbytes *= s
+    print(f"torch          {torch.__version__} (cuda available: {torch.cuda.is_available()})")
+    t2 = time.perf_counter()
+    with KvArena(args.reserve_mib * MiB, device=device) as arena:
+        print(f"arena          {arena.device}: reserved {arena.reserved / MiB:.0f} MiB at {arena.base:#x}, "
+              f"granularity {arena.granularity} B, slot {arena.slot} ({arena.alloc_fn_name}/{arena.free_fn_name}) "
+              f"in {(time.perf_counter() - t2) * 1e3:.1f} ms")
+        t3 = time.perf_counter()
+        committed = arena.commit(nbytes)
+        print(f"commit         {committed / MiB:.1f} MiB in {(time.perf_counter() - t3) * 1e3:.1f} ms")
+        kv = arena.tensor(shape, dtype)
+        kv.zero_()
+        kv[0, 0, 0] = 1.0
+        off = kv.data_ptr() - arena.base
+        print(f"kv tensor      {tuple(kv.shape)} {dtype} on {kv.device}: offset {off}, "
+              f"{kv.numel() * kv.element_size() / MiB:.1f} MiB, sum={float(kv.sum()):.1f}")
+        print(f"cursor         {arena.cursor} B of {arena.reserved} B handed out")
+        released = arena.uncommit_beyond(0) if device == "cpu" else 0
+        del kv
+        if device == "cpu":
+            print(f"uncommit       released {released / MiB:.1f} MiB")
+    print("closed         ok")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

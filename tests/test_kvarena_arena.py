@@ -1,0 +1,248 @@
+"""KvArena on the host backend: real mmap/mprotect, real stub, real faults in child processes."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import signal
+import threading
+
+import pytest
+import torch
+
+import stubcache
+from kvarena import (ArenaClosedError, ArenaError, ArenaExhaustedError, CommitError, CudaUnavailableError,
+                     KvArena, SlotsExhaustedError, load_stub)
+from tests.conftest import run_py
+
+PAGE = mmap.PAGESIZE
+
+
+@pytest.fixture
+def cache(cache_root):
+    return stubcache.StubCache(cache_root)
+
+
+def _mapped(base: int) -> bool:
+    with open("/proc/self/maps") as fh:
+        for line in fh:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= base < hi:
+                return True
+    return False
+
+
+def test_several_arenas_are_independent_and_disjoint(cache):
+    arenas = [KvArena(1 << 20, cache=cache) for _ in range(3)]
+    try:
+        assert len({a.slot for a in arenas}) == 3
+        spans = sorted((a.base, a.base + a.reserved) for a in arenas)
+        for (_, hi), (lo, _) in zip(spans, spans[1:]):
+            assert hi <= lo
+        for a in arenas:
+            a.commit(64 << 10)
+        tensors = []
+        for i, a in enumerate(arenas):
+            for _ in range(i + 1):
+                t = a.tensor((10,), torch.float32)
+                t.fill_(i)
+                tensors.append((a, t))
+        assert [a.cursor for a in arenas] == [40, 64 + 40, 128 + 40]
+        for a, t in tensors:
+            assert a.base <= t.data_ptr() < a.base + a.committed
+            assert float(t.sum()) == 10 * arenas.index(a)
+    finally:
+        for a in arenas:
+            a.close()
+
+
+def test_alignment_holds(cache):
+    with KvArena(1 << 20, alignment=4096, cache=cache) as a:
+        a.commit(a.reserved)
+        kept = [a.tensor(n, torch.uint8) for n in (1, 5000, 3, 4097)]
+        ptrs = [t.data_ptr() for t in kept]
+        assert ptrs == [a.base + k * 4096 for k in (0, 1, 3, 4)]
+    with KvArena(1 << 16, cache=cache) as a:
+        a.commit(1 << 16)
+        kept = [a.tensor(n, torch.uint8) for n in (1, 7, 65)]
+        assert [t.data_ptr() - a.base for t in kept] == [0, 64, 128]
+
+
+def test_exhaustion_is_a_clear_error(cache):
+    with KvArena(2 * PAGE, cache=cache) as a:
+        a.commit(2 * PAGE)
+        first = a.tensor(PAGE, torch.uint8)  # kept alive: a dropped tensor gives its range back
+        with pytest.raises(ArenaExhaustedError, match=r"does not fit in the arena: \d+ of \d+ bytes"):
+            a.tensor(PAGE + 1, torch.uint8)
+        assert a.stats()["nfail"] == 1
+        keep = a.tensor(PAGE, torch.uint8)  # exactly what is left still fits
+        assert keep.data_ptr() + PAGE == a.base + a.reserved
+        assert first.data_ptr() == a.base
+
+
+def test_commit_rounds_is_monotonic_and_bounded(cache):
+    with KvArena(10 * PAGE + 1, cache=cache) as a:
+        assert a.reserved == 11 * PAGE and a.committed == 0
+        assert a.commit(1) == PAGE
+        assert a.commit(PAGE) == PAGE  # idempotent
+        assert a.commit(3 * PAGE + 5) == 4 * PAGE
+        assert a.commit(PAGE) == 4 * PAGE  # monotonic: never shrinks
+        with pytest.raises(CommitError, match="exceeds the reservation"):
+            a.commit(a.reserved + 1)
+        with pytest.raises(CommitError):
+            a.commit(-1)
+        assert a.uncommit_beyond(PAGE + 1) == 2 * PAGE
+        assert a.committed == 2 * PAGE
+        assert a.uncommit_beyond(5 * PAGE) == 0
+
+
+def test_tensor_must_lie_in_committed_memory(cache):
+    with KvArena(4 * PAGE, cache=cache) as a:
+        a.commit(PAGE)
+        with pytest.raises(ArenaError, match="past the .* committed bytes"):
+            a.tensor(PAGE + 1, torch.uint8)
+        assert a.cursor == 0  # the refused allocation was given back
+        t = a.tensor(2 * PAGE, torch.uint8, check_committed=False)  # the KV pattern: commit later
+        a.commit(2 * PAGE)
+        t.fill_(7)
+        assert int(t.sum()) == 7 * 2 * PAGE
+
+
+_FAULT_CHILD = """
+import mmap, os, sys, torch, kvarena
+PAGE = mmap.PAGESIZE
+a = kvarena.KvArena(8 * PAGE)
+t = a.tensor(4 * PAGE, torch.uint8, check_committed=False)
+step = sys.argv[-1] if len(sys.argv) > 1 else os.environ["STEP"]
+a.commit(2 * PAGE)
+t[: 2 * PAGE].fill_(5)
+print("committed-read", int(t[: 2 * PAGE].sum()), flush=True)
+if step == "uncommitted":
+    print("touching", flush=True)
+    t[3 * PAGE] = 1
+elif step == "uncommit":
+    a.uncommit_beyond(PAGE)
+    print("first-page", int(t[:PAGE].sum()), flush=True)
+    print("touching", flush=True)
+    int(t[PAGE])
+elif step == "recommit":
+    a.uncommit_beyond(PAGE)
+    a.commit(2 * PAGE)
+    print("recommitted", int(t[PAGE: 2 * PAGE].sum()), int(t[:PAGE].sum()), flush=True)
+"""
+
+
+@pytest.mark.parametrize("step", ["uncommitted", "uncommit"])
+def test_touching_uncommitted_memory_faults(cache_root, step):
+    proc = run_py(_FAULT_CHILD, env={"STEP": step}, check=False, timeout=120)
+    assert f"committed-read {5 * 2 * PAGE}" in proc.stdout
+    assert "touching" in proc.stdout
+    if step == "uncommit":
+        assert f"first-page {5 * PAGE}" in proc.stdout
+    assert proc.returncode == -signal.SIGSEGV, (proc.returncode, proc.stdout, proc.stderr)
+
+
+def test_recommit_is_readable_and_zeroed(cache_root):
+    proc = run_py(_FAULT_CHILD, env={"STEP": "recommit"}, timeout=120)
+    assert f"recommitted 0 {5 * PAGE}" in proc.stdout
+
+
+def test_many_threads_allocating_tensors_never_overlap(cache):
+    with KvArena(8 << 20, cache=cache) as a:
+        a.commit(a.reserved)
+        got: list[list[torch.Tensor]] = [[] for _ in range(8)]
+        barrier = threading.Barrier(8)
+
+        def work(k: int) -> None:
+            barrier.wait()
+            for j in range(200):
+                got[k].append(a.tensor(1 + (k * 7 + j) % 300, torch.uint8))
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        spans = sorted((t.data_ptr(), t.numel()) for ts in got for t in ts)
+        assert len(spans) == 1600
+        for (p0, n0), (p1, _) in zip(spans, spans[1:]):
+            assert p0 + n0 <= p1
+        for k, ts in enumerate(got):  # each thread writes its own ranges; nobody else's changed
+            for t in ts:
+                t.fill_(k)
+        for k, ts in enumerate(got):
+            assert all(int(t.max()) == k == int(t.min()) for t in ts)
+
+
+def test_closed_arena_errors_and_slot_is_reused(cache):
+    a = KvArena(1 << 16, cache=cache)
+    slot = a.slot
+    a.close()
+    a.close()  # idempotent
+    for call in (lambda: a.commit(1), lambda: a.tensor(1), lambda: a.uncommit_beyond(0), a.stats):
+        with pytest.raises(ArenaClosedError, match="is closed"):
+            call()
+    assert not _mapped(a.base)
+    with KvArena(1 << 16, cache=cache) as b:
+        assert b.slot == slot and b.cursor == 0
+
+
+def test_close_with_live_tensor_keeps_the_mapping_until_it_is_gone(cache):
+    a = KvArena(1 << 16, cache=cache)
+    a.commit(PAGE)
+    t = a.tensor(16, torch.int32)
+    view = t[4:]
+    t.fill_(3)
+    a.close()
+    del t
+    assert _mapped(a.base) and int(view.sum()) == 36  # still valid memory
+    del view
+    assert not _mapped(a.base)
+
+
+def test_slots_run_out_with_a_clear_error(cache):
+    stub = load_stub(cache)
+    arenas = []
+    try:
+        while stub.free_slots():
+            arenas.append(KvArena(PAGE, cache=cache))
+        with pytest.raises(SlotsExhaustedError, match="allocator slots"):
+            KvArena(PAGE, cache=cache)
+        arenas.pop().close()
+        arenas.append(KvArena(PAGE, cache=cache))
+    finally:
+        for a in arenas:
+            a.close()
+
+
+def test_use_is_cuda_only(cache):
+    with KvArena(PAGE, cache=cache) as a:
+        with pytest.raises(ArenaError, match="host arena"):
+            with a.use():
+                pass
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error where CUDA is missing")
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", 0])
+def test_cuda_without_gpu_is_a_clear_error(cache, device):
+    with pytest.raises(CudaUnavailableError, match="device='cpu'"):
+        KvArena(1 << 20, device=device, cache=cache)
+
+
+def test_bad_arguments(cache):
+    with pytest.raises(ValueError):
+        KvArena(0, cache=cache)
+    with pytest.raises(ValueError, match="power of two"):
+        KvArena(PAGE, alignment=48, cache=cache)
+    with pytest.raises(ValueError, match="page size"):
+        KvArena(PAGE, granularity=100, cache=cache)
+    with pytest.raises(ValueError, match="cpu' or 'cuda"):
+        KvArena(PAGE, device="meta", cache=cache)
+
+
+def test_demo_runs(cache_root):
+    proc = run_py("from kvarena.demo import main; raise SystemExit(main(['--device', 'cpu', '--tokens', '64']))")
+    assert "cache miss, built now" in proc.stdout and "kv tensor" in proc.stdout
+    proc = run_py("from kvarena.demo import main; raise SystemExit(main(['--device', 'cpu', '--tokens', '64']))")
+    assert "cache hit" in proc.stdout and "closed         ok" in proc.stdout
+    assert os.path.isdir(cache_root)

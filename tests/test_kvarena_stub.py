@@ -1,0 +1,139 @@
+"""The allocator stub on its own, through ctypes: spec, slots, alignment, bounds, threads."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import pytest
+
+import stubcache
+from kvarena import stub as kstub
+from kvarena.errors import SlotsExhaustedError
+
+
+@pytest.fixture
+def stub(cache_root):
+    return kstub.load_stub(stubcache.StubCache(cache_root))
+
+
+def test_spec_is_lean_and_direct():
+    spec = kstub.allocator_spec()
+    assert isinstance(spec, stubcache.StubSpec)
+    assert spec.build_method == "direct"
+    assert spec.skips_implicit_headers and not spec.is_python_module
+    src = "\n".join(spec.cpp_sources)
+    includes = sorted(line.split()[1] for line in src.splitlines() if line.startswith("#include"))
+    assert includes == ["<stddef.h>", "<stdint.h>"]  # builtins instead of <atomic>/<mutex>
+    assert kstub.allocator_spec() == spec  # deterministic: one key for every arena and process
+
+
+def test_exports_every_slot_pair_with_torch_signatures(stub):
+    lib = ctypes.CDLL(stub.path)
+    assert stub.nslots == kstub.NSLOTS
+    for i in (0, kstub.NSLOTS - 1):
+        getattr(lib, kstub.alloc_symbol(i))
+        getattr(lib, kstub.free_symbol(i))
+    with pytest.raises(AttributeError):
+        getattr(lib, kstub.alloc_symbol(kstub.NSLOTS))
+
+
+def test_torch_dlopen_of_the_path_shares_state(stub):
+    """CUDAPluggableAllocator dlopens entry.path; it must see the state we configured."""
+    slot = stub.acquire_slot()
+    try:
+        buf = ctypes.create_string_buffer(4096)
+        base = ctypes.addressof(buf)
+        slot.configure(base, 4096, 16)
+        other = ctypes.CDLL(stub.path)
+        fn = getattr(other, slot.alloc_name)
+        fn.restype = ctypes.c_void_p
+        fn.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        p = fn(100, 0, None)
+        assert p is not None and base <= p < base + 4096
+        assert slot.cursor() == p - base + 100
+    finally:
+        slot.release()
+
+
+def test_alignment_bounds_and_null_past_the_range(stub):
+    slot = stub.acquire_slot()
+    try:
+        buf = ctypes.create_string_buffer(1 << 16)
+        base = (ctypes.addressof(buf) + 255) & ~255
+        slot.configure(base, 4096, 256)
+        ptrs = [slot.alloc(n) for n in (1, 300, 17, 1000)]
+        assert all(p % 256 == 0 for p in ptrs)
+        assert ptrs == sorted(ptrs) and ptrs[0] == base
+        assert slot.alloc(4096) is None  # would pass the reserved end
+        assert slot.stats()["nfail"] == 1
+        rest = base + 4096 - (base + slot.cursor() + 255 & ~255)
+        p = slot.alloc(rest)
+        assert p is not None and p + rest == base + 4096
+        assert slot.alloc(1) is None
+    finally:
+        slot.release()
+
+
+def test_lifo_free_rewinds_and_unconfigured_slot_fails(stub):
+    slot = stub.acquire_slot()
+    buf = ctypes.create_string_buffer(4096)
+    slot.configure(ctypes.addressof(buf), 4096, 1)
+    a = slot.alloc(10)
+    b = slot.alloc(20)
+    slot.free(a, 10)  # not the latest: only counted
+    assert slot.cursor() == 30
+    slot.free(b, 20)
+    assert slot.cursor() == 10
+    slot.release()
+    assert slot.alloc(1) is None
+    with pytest.raises(ValueError, match="power of two"):
+        stub.acquire_slot().configure(ctypes.addressof(buf), 4096, 3)
+
+
+def test_slots_are_independent_and_exhaust_clearly(stub):
+    held = []
+    try:
+        while stub.free_slots():
+            held.append(stub.acquire_slot())
+        assert len({s.index for s in held}) == len(held)
+        with pytest.raises(SlotsExhaustedError, match="close an arena"):
+            stub.acquire_slot()
+        held.pop().release()
+        held.append(stub.acquire_slot())
+    finally:
+        for s in held:
+            s.release()
+
+
+def test_many_threads_never_overlap(stub):
+    """ctypes drops the GIL around each foreign call, so the threads really race in C."""
+    slot = stub.acquire_slot()
+    size, nthreads, per = 1 << 22, 16, 1500
+    buf = ctypes.create_string_buffer(size)
+    slot.configure(ctypes.addressof(buf), size, 8)
+    results: list[list[tuple[int, int]]] = [[] for _ in range(nthreads)]
+    barrier = threading.Barrier(nthreads)
+
+    def work(k: int) -> None:
+        barrier.wait()
+        for j in range(per):
+            n = 1 + (k * 131 + j * 17) % 200
+            p = slot.alloc(n)
+            if p is not None:
+                results[k].append((p, n))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(nthreads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        spans = sorted(x for r in results for x in r)
+        assert len(spans) == nthreads * per
+        for (p0, n0), (p1, _) in zip(spans, spans[1:]):
+            assert p0 + n0 <= p1
+        assert all(p % 8 == 0 for p, _ in spans)
+        assert slot.cursor() == spans[-1][0] + spans[-1][1] - ctypes.addressof(buf)
+    finally:
+        slot.release()
