@@ -7,27 +7,36 @@ import os
 import threading
 import time
 
-from . import _log, events, fingerprint
-from .errors import BuildError, CacheMissError, IntegrityError, LockTimeoutError, StubCacheError
+from . import _faults, _log, events, fingerprint
+from .errors import (BuildError, CacheMissError, IntegrityError, LockTimeoutError, StubCacheError,
+                     TrustError)
 from .key import base_key, entry_key, preimage
 from .manifest import MANIFEST_NAME, Manifest
 from .spec import StubSpec
 from .store import Store, default_root, file_sha256, headers_match
-from .trust import check_dir, check_stat
+from .trust import TrustPolicy, check_dir, load_policy, private_policy
 
 __version__ = "0.1.0"
 
+# errno values that mean "this root cannot take a build right now": degrade to a private build.
+_UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
 
 class Entry:
-    """A published (or privately built) stub: ``key``, ``path`` of the library, ``manifest``."""
+    """A published (or privately built) stub: ``key``, ``path`` of the library, ``manifest``.
 
-    __slots__ = ("key", "path", "manifest", "published")
+    ``published`` is False for a private build (lock timeout, unwritable root); ``seed`` is True
+    for an entry served from a read-only ``STUBCACHE_SEED_DIRS`` store.
+    """
 
-    def __init__(self, key: str, path: str, manifest: Manifest, published: bool = True) -> None:
+    __slots__ = ("key", "path", "manifest", "published", "seed")
+
+    def __init__(self, key: str, path: str, manifest: Manifest, published: bool = True, seed: bool = False) -> None:
         self.key = key
         self.path = path
         self.manifest = manifest
         self.published = published
+        self.seed = seed
 
     def __repr__(self) -> str:
         return f"Entry(key={self.key!r}, path={self.path!r})"
@@ -45,6 +54,12 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def seed_roots() -> list[str]:
+    """The read-only stores named by ``STUBCACHE_SEED_DIRS`` (``os.pathsep``-separated)."""
+    raw = os.environ.get("STUBCACHE_SEED_DIRS", "")
+    return [os.path.abspath(p) for p in raw.split(os.pathsep) if p.strip()]
+
+
 class StubCache:
     """A content-addressed cache of built stubs under one root directory.
 
@@ -53,18 +68,22 @@ class StubCache:
         lock_timeout: seconds to wait for another process's build of the same key (default
             ``STUBCACHE_LOCK_TIMEOUT`` or 600). After that this process builds privately and does
             not publish.
+        seeds: read-only stores consulted before ``root`` (default ``STUBCACHE_SEED_DIRS``).
     """
 
-    def __init__(self, root: str | os.PathLike | None = None, *, lock_timeout: float | None = None) -> None:
+    def __init__(self, root: str | os.PathLike | None = None, *, lock_timeout: float | None = None,
+                 seeds: list[str] | None = None) -> None:
         self.store = Store(os.fspath(root) if root is not None else default_root())
         self.root = self.store.root
+        self.seeds = [Store(s) for s in (seed_roots() if seeds is None else seeds)]
         self._lock_timeout = lock_timeout
         self._memo: dict[str, Entry] = {}
         self._verified: dict[str, tuple] = {}
         self._pins: dict[str, int] = {}
         self._lib_fds: dict[str, int] = {}
+        self._policies: dict[str, TrustPolicy] = {}
         self._mutex = threading.RLock()
-        self._root_checked = False
+        self._warned_degraded = False
 
     # --- public API --------------------------------------------------------------------------
 
@@ -77,24 +96,26 @@ class StubCache:
         return preimage(spec.canonical(), self._fingerprint(spec))
 
     def lookup(self, spec: StubSpec) -> Entry | None:
-        """The published, verified entry for ``spec``, or ``None``. Never builds."""
-        base = self.key(spec)
-        found = self._lookup(spec, base)
+        """The published, verified entry for ``spec`` (seeds first), or ``None``. Never builds."""
+        found = self._lookup_all(spec, self.key(spec))
         return found if isinstance(found, Entry) else None
 
     def get_or_build(self, spec: StubSpec) -> Entry:
         """Return the entry for ``spec``, building and publishing it once per host if needed.
 
-        Raises :class:`BuildError` if the stub does not compile (nothing is published), and
-        :class:`CacheMissError` on a miss when ``STUBCACHE_REQUIRE_HIT`` is set.
+        Raises :class:`BuildError` if the stub does not compile (nothing is published),
+        :class:`CacheMissError` on a miss when ``STUBCACHE_REQUIRE_HIT`` is set, and
+        :class:`TrustError` if a cache path fails the ownership/permission checks.
         """
         if not isinstance(spec, StubSpec):
             raise TypeError(f"get_or_build expects a StubSpec, got {type(spec).__name__}")
         fp = self._fingerprint(spec)
-        base = spec._base_key if spec._base_key and spec._base_key[0] is fp else None
-        if base is None:
-            spec._base_key = (fp, base_key(spec.canonical(), fp))
-        base = spec._base_key[1]
+        cached = spec._base_key
+        if cached is not None and cached[0] is fp:
+            base = cached[1]
+        else:
+            base = base_key(spec.canonical(), fp)
+            spec._base_key = (fp, base)
         if not spec.tracks_headers:
             memo = self._memo.get(base)
             if memo is not None:
@@ -135,32 +156,37 @@ class StubCache:
         fp = fingerprint.base_fingerprint(state)
         if spec.cuda_sources or spec.effective_with_cuda:
             fp = dict(fp, cuda=fingerprint.cuda_fingerprint(state))
-            spec._base_key = None
         return fp
 
-    def _check_root(self) -> None:
-        if self._root_checked:
-            return
-        for path in (self.root, self.store.base):
-            try:
-                check_dir(path)
-            except FileNotFoundError:
-                pass
-        self._root_checked = True
+    def _policy(self, store: Store) -> TrustPolicy:
+        """The trust policy of a store, after checking its root directories (once per process)."""
+        policy = self._policies.get(store.root)
+        if policy is None:
+            if not os.path.isdir(store.base):
+                return private_policy()
+            policy = load_policy(store.base)
+            store.shared = policy.shared
+            for path in (store.root, store.base, store.path("entries")):
+                try:
+                    check_dir(path, "cache directory", policy)
+                except FileNotFoundError:
+                    pass
+            self._policies[store.root] = policy
+        return policy
 
     def _event(self, ev: str, key: str, seconds: float | None = None, **extra) -> None:
-        events.record(self.store.path("events"), ev, key, seconds, **extra)
+        events.record(self.store.path("events"), ev, key, seconds,
+                      file_mode=self.store.mode(0o600, 0o640), **extra)
 
     def _get_or_build(self, spec: StubSpec, base: str) -> Entry:
-        self._check_root()
-        found = self._lookup(spec, base)
+        found = self._lookup_all(spec, base)
         if isinstance(found, Entry):
-            self._event("hit", found.key, name=spec.name)
+            self._event("hit", found.key, name=spec.name, seed=found.seed or None)
             return found
         if _env_flag("STUBCACHE_REQUIRE_HIT"):
             raise CacheMissError(
-                f"STUBCACHE_REQUIRE_HIT is set and {spec!r} (key {base}) is not in the cache at "
-                f"{self.root}; warm it with `stubcache warm` or unset STUBCACHE_REQUIRE_HIT"
+                f"STUBCACHE_REQUIRE_HIT is set and {spec!r} (key {base}) is in neither the cache at "
+                f"{self.root} nor a seed store; warm it with `stubcache warm` or unset STUBCACHE_REQUIRE_HIT"
             )
         from . import locking
 
@@ -174,15 +200,14 @@ class StubCache:
             self._event("lock_timeout", base, time.time() - t_wait, name=spec.name)
             return self._private_build(spec, base, reason=str(exc))
         except OSError as exc:
-            if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT):
-                _log.warning("stubcache: cache root %s is not writable (%s); building privately", self.root, exc)
-                return self._private_build(spec, base, reason=str(exc))
+            if exc.errno in _UNWRITABLE:
+                return self._degraded(spec, base, exc)
             raise
         try:
             waited = time.time() - t_wait
             if waited > 0.05:
                 self._event("wait", base, waited, name=spec.name)
-            found = self._lookup(spec, base)
+            found = self._lookup(self.store, spec, base)
             if isinstance(found, Entry):
                 self._event("hit", found.key, name=spec.name, after_wait=True)
                 return found
@@ -194,35 +219,63 @@ class StubCache:
                 raise BuildError(
                     f"error building stub {spec.name!r} (failed in pid {failure.get('pid')} while this "
                     "process waited)", output=str(failure.get("output", "")), key=base, name=spec.name)
-            self.store.clear_failure(base)
             self._event("miss", base, name=spec.name)
-            self.store.write_lease(base, spec.name)
             try:
+                self.store.clear_failure(base)
+                self.store.write_lease(base, spec.name)
                 return self._build_and_publish(spec, base)
+            except OSError as exc:
+                if exc.errno in _UNWRITABLE:
+                    return self._degraded(spec, base, exc)
+                raise
             finally:
                 self.store.clear_lease(base)
         finally:
             lock.release()
 
-    def _lookup(self, spec: StubSpec, base: str) -> "Entry | _Corrupt | None":
-        keys = self.store.variant_keys(base) if spec.tracks_headers else [base]
+    def _degraded(self, spec: StubSpec, base: str, exc: OSError) -> Entry:
+        if not self._warned_degraded:
+            self._warned_degraded = True
+            _log.warning("stubcache: cannot write the cache at %s (%s); building privately, nothing is "
+                         "shared until this is fixed (see `stubcache doctor`)", self.root, exc)
+        return self._private_build(spec, base, reason=str(exc))
+
+    def _lookup_all(self, spec: StubSpec, base: str) -> "Entry | _Corrupt | None":
+        for seed in self.seeds:
+            found = self._lookup(seed, spec, base, seed=True)
+            if isinstance(found, Entry):
+                return found
+            if isinstance(found, _Corrupt):
+                _log.warning("stubcache: ignoring seed entry %s in %s: %s", found.key, seed.root, found.reason)
+        return self._lookup(self.store, spec, base)
+
+    def _lookup(self, store: Store, spec: StubSpec, base: str, seed: bool = False) -> "Entry | _Corrupt | None":
+        keys = store.variant_keys(base) if spec.tracks_headers else [base]
+        if not keys:
+            return None
         for key in keys:
             try:
-                manifest = self.store.read_manifest(key)
+                manifest = store.read_manifest(key)
             except FileNotFoundError:
-                if os.path.isdir(self.store.entry_dir(key)):
+                if os.path.isdir(store.entry_dir(key)):
                     return _Corrupt(key, "manifest missing")
                 continue
-            except (ValueError, OSError) as exc:
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    raise TrustError(f"refusing manifest in {store.entry_dir(key)}: it is a symlink") from None
+                return _Corrupt(key, f"manifest unreadable: {exc}")
+            except ValueError as exc:
                 return _Corrupt(key, f"manifest unreadable: {exc}")
             if manifest.key != key or manifest.base_key != base:
                 return _Corrupt(key, "manifest describes another key")
             if spec.tracks_headers and not headers_match(manifest.headers):
                 continue
-            entry = Entry(key, os.path.join(self.store.entry_dir(key), manifest.library), manifest)
+            entry = Entry(key, os.path.join(store.entry_dir(key), manifest.library), manifest, seed=seed)
             try:
-                self._pin(key)
-                self._verify(entry)
+                policy = self._policy(store)
+                if not seed:
+                    self._pin(key)
+                self._verify(entry, policy)
             except FileNotFoundError:
                 continue  # removed under us (prune): a miss, rebuild
             except IntegrityError as exc:
@@ -234,32 +287,41 @@ class StubCache:
         if key not in self._pins:
             self._pins[key] = self.store.pin(key)
 
-    def _open_checked(self, entry: Entry) -> int:
-        fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    def _open_checked(self, entry: Entry, policy: TrustPolicy | None = None) -> int:
+        try:
+            fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise TrustError(f"refusing library {entry.path}: it is a symlink; remove the entry "
+                                 "(stubcache never follows links)") from None
+            raise
         try:
             st = os.fstat(fd)
-            check_stat(st, entry.path, "library")
+            if policy is None:
+                policy = self._policies.get(os.path.dirname(os.path.dirname(os.path.dirname(
+                    os.path.dirname(entry.path)))), private_policy())
+            policy.check(st, entry.path, "library")
             ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-            if self._verified.get(entry.key) != ident:
+            if self._verified.get(entry.path) != ident:
                 if st.st_size != entry.manifest.size or file_sha256(fd) != entry.manifest.sha256:
                     raise IntegrityError(f"checksum mismatch for {entry.path}")
-                self._verified[entry.key] = ident
+                self._verified[entry.path] = ident
         except BaseException:
             os.close(fd)
             raise
         return fd
 
-    def _verify(self, entry: Entry) -> None:
+    def _verify(self, entry: Entry, policy: TrustPolicy) -> None:
         """Checksum (first time per process), trust checks and a whole-entry shape check."""
-        if entry.key in self._verified:
+        if entry.path in self._verified:
             return
         edir = os.path.dirname(entry.path)
-        check_dir(edir, "cache entry")
+        check_dir(edir, "cache entry", policy)
         names = set(os.listdir(edir))
         expected = {MANIFEST_NAME, entry.manifest.library}
         if names != expected:
             raise IntegrityError(f"entry has unexpected files {sorted(names ^ expected)}")
-        os.close(self._open_checked(entry))
+        os.close(self._open_checked(entry, policy))
 
     def _manifest_for(self, spec: StubSpec, base: str, result, sha: str, size: int) -> Manifest:
         key = entry_key(base, result.headers)
@@ -282,17 +344,22 @@ class StubCache:
                 result = build(spec, build_dir)
             except BuildError as exc:
                 exc.key = base
+                if "No space left on device" in (exc.output or ""):
+                    raise OSError(errno.ENOSPC, f"no space left while building {spec.name!r}") from exc
                 self.store.record_failure(base, exc.output or str(exc))
                 self._event("fail", base, name=spec.name)
                 raise
+            _faults.point("after_build")
             staged_entry = os.path.join(staging, "entry")
             os.mkdir(staged_entry, 0o700)
             lib = os.path.join(staged_entry, os.path.basename(result.library))
             os.rename(result.library, lib)
             manifest = self._manifest_for(spec, base, result, file_sha256(lib), os.path.getsize(lib))
+            _faults.point("before_publish")
             self.store.publish(staged_entry, manifest)  # False: an existing entry won
+            _faults.point("after_publish")
             self._event("build", manifest.key, result.seconds, name=spec.name, method=result.method)
-            found = self._lookup(spec, base)
+            found = self._lookup(self.store, spec, base)
             if not isinstance(found, Entry):
                 raise StubCacheError(f"entry {manifest.key} vanished right after publishing")
             return found
@@ -314,6 +381,4 @@ class StubCache:
         manifest = self._manifest_for(spec, base, result, file_sha256(result.library),
                                       os.path.getsize(result.library))
         self._event("private_build", manifest.key, result.seconds, name=spec.name, reason=reason)
-        entry = Entry(manifest.key, result.library, manifest, published=False)
-        self._verified[manifest.key] = ()  # built by us just now; _open_checked re-hashes on load
-        return entry
+        return Entry(manifest.key, result.library, manifest, published=False)

@@ -15,7 +15,8 @@ _lock = threading.Lock()
 _fds: dict[str, int] = {}
 
 
-def record(events_dir: str, event: str, key: str = "", seconds: float | None = None, **extra) -> None:
+def record(events_dir: str, event: str, key: str = "", seconds: float | None = None, *,
+           file_mode: int = 0o600, **extra) -> None:
     """Append one event (``hit``, ``miss``, ``build``, ``wait``, ``fail``, ``quarantine``...)."""
     rec = {"t": round(time.time(), 3), "ev": event, "key": key}
     if seconds is not None:
@@ -29,7 +30,9 @@ def record(events_dir: str, event: str, key: str = "", seconds: float | None = N
             if fd is None or _fds.get(events_dir + ":pid") != pid:  # reopen after fork
                 name = f"{os.uname().nodename}-{pid}-{os.urandom(4).hex()}.jsonl"
                 fd = os.open(os.path.join(events_dir, name),
-                             os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+                             os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, file_mode)
+                if file_mode != 0o600:
+                    os.fchmod(fd, file_mode)
                 _fds[events_dir] = fd
                 _fds[events_dir + ":pid"] = pid
             os.write(fd, line)

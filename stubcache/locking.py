@@ -48,7 +48,7 @@ def acquire(store: Store, base: str, timeout: float, name: str):
     import filelock
 
     store.ensure()
-    lock = filelock.FileLock(store.lock_path(base), mode=0o600, thread_local=False)
+    lock = filelock.FileLock(store.lock_path(base), mode=store.mode(0o600, 0o660), thread_local=False)
     deadline = time.monotonic() + timeout
     first = min(NOTICE_AFTER, timeout)
     try:

@@ -73,10 +73,14 @@ def default_root() -> str:
 class Store:
     """Paths and primitive operations of one cache root. No policy lives here."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, *, shared: bool = False) -> None:
         self.root = os.path.abspath(root)
         self.base = os.path.join(self.root, LAYOUT)
+        self.shared = shared  # group-shared root: files others in the group must use get g+rw
         self._ready = False
+
+    def mode(self, private: int, shared: int) -> int:
+        return shared if self.shared else private
 
     # --- paths -------------------------------------------------------------------------------
 
@@ -136,7 +140,10 @@ class Store:
         import tempfile
 
         self.ensure()
-        return tempfile.mkdtemp(prefix=f"{base}-{os.getpid()}-", dir=os.path.join(self.base, "staging"))
+        path = tempfile.mkdtemp(prefix=f"{base}-{os.getpid()}-", dir=os.path.join(self.base, "staging"))
+        if self.shared:
+            os.chmod(path, 0o2770)  # so a group member's prune can remove it after a crash
+        return path
 
     def publish(self, staged_entry: str, manifest: Manifest) -> bool:
         """Rename a complete entry directory into place. Returns False if one already existed
@@ -145,7 +152,7 @@ class Store:
             fh.write(manifest.dumps())
         os.chmod(os.path.join(staged_entry, MANIFEST_NAME), 0o444)
         os.chmod(os.path.join(staged_entry, manifest.library), 0o555)
-        os.chmod(staged_entry, 0o755)
+        os.chmod(staged_entry, self.mode(0o755, 0o2775))
         target = self.entry_dir(manifest.key)
         try:
             os.rename(staged_entry, target)
@@ -207,10 +214,17 @@ class Store:
     def pin_path(self, key: str) -> str:
         return os.path.join(self.base, "pins", key)
 
+    def _open_pin(self, key: str) -> int:
+        fd = os.open(self.pin_path(key), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        if self.shared:
+            try:
+                os.fchmod(fd, 0o660)
+            except OSError:
+                pass  # created by another member: already 0660
+        return fd
+
     def touch_pin(self, key: str) -> None:
-        path = self.pin_path(key)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        os.close(fd)
+        os.close(self._open_pin(key))
 
     def pin(self, key: str) -> int:
         """Take a shared flock on the entry's pin file and return the fd (keep it open while the
@@ -218,7 +232,7 @@ class Store:
         the last-used stamp at most once per ``LAST_USED_INTERVAL``."""
         import fcntl
 
-        fd = os.open(self.pin_path(key), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fd = self._open_pin(key)
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)
             if time.time() - os.fstat(fd).st_mtime > LAST_USED_INTERVAL:
