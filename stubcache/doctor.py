@@ -43,7 +43,7 @@ def _existing_ancestor(path: str) -> str:
 
 def filesystem_type(path: str, mountinfo: str = "/proc/self/mountinfo") -> tuple[str, str] | None:
     """``(fstype, mount point)`` of the mount holding ``path`` (Linux), or ``None``."""
-    real = os.path.realpath(_existing_ancestor(path))
+    real = os.path.realpath(os.path.abspath(path))  # resolves the part that exists
     best: tuple[str, str] | None = None
     try:
         with open(mountinfo, encoding="utf-8", errors="replace") as fh:

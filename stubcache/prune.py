@@ -9,6 +9,9 @@ out. Execution re-checks everything at the moment of removal, so a stale plan is
   entry is in use and is skipped). Under that lock the entry is renamed into ``trash/`` (readers
   never see a half-deleted entry) and then deleted. Readers take their shared lock before they
   check that the entry exists, so a reader that races with a removal sees a miss and rebuilds.
+  The entry's build lock (``locks/<base_key>.lock``) is also taken non-blocking: a builder
+  publishes (rename) before it pins, and holds the build lock across that gap, so an entry
+  whose build lock is held is skipped as "being published".
 * a staging directory is removed only if its builder pid is gone and its build lock is free;
   a lease file only while holding its build lock.
 
@@ -64,6 +67,7 @@ class PlanItem:
     reason: str
     action: str = "remove"
     key: str | None = None
+    base_key: str | None = None
     pid: int | None = None
     outcome: str | None = None   # set by execute_plan: removed | in use | gone | failed: ...
 
@@ -114,7 +118,7 @@ class PrunePlan:
             "target_reached": self.target_reached,
             "removed": len(removed),
             "bytes_freed": sum(i.size for i in removed),
-            "in_use_at_removal": sum(1 for i in self.items if i.outcome == "in use"),
+            "in_use_at_removal": sum(1 for i in self.items if i.outcome in ("in use", "being published")),
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -152,8 +156,8 @@ def toolchain_mismatch(entry_fp: dict[str, Any], current_fp: dict[str, Any]) -> 
 def _entry_item(e: EntryRecord, reason: str) -> PlanItem:
     if e.in_use:
         return PlanItem("entry", e.path, e.name, e.size, f"{reason}; in use by a live process",
-                        action="skip", key=e.key)
-    return PlanItem("entry", e.path, e.name, e.size, reason, key=e.key)
+                        action="skip", key=e.key, base_key=e.base_key)
+    return PlanItem("entry", e.path, e.name, e.size, reason, key=e.key, base_key=e.base_key)
 
 
 def plan_prune(scan: CacheScan, policy: PrunePolicy, current_fp: dict[str, Any] | None = None) -> PrunePlan:
@@ -222,29 +226,49 @@ def _leftover_items(leftovers: Iterable[Leftover], policy: PrunePolicy) -> list[
 # --- execution (I/O) -------------------------------------------------------------------------
 
 
-def evict_entry(store: Store, key: str) -> str:
-    """Remove one entry unless a live process holds it: ``removed``, ``in use`` or ``gone``.
+def _try_flock(fd: int) -> bool:
+    """``LOCK_EX|LOCK_NB``: True if taken, False if someone else holds the lock."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    return True
 
-    Takes ``LOCK_EX|LOCK_NB`` on ``pins/<key>`` (the same inode readers lock), renames the
-    entry into ``trash/`` and deletes it there, then releases the lock.
+
+def evict_entry(store: Store, key: str, base_key: str | None = None) -> str:
+    """Remove one entry unless a live process holds it.
+
+    Returns ``removed``, ``in use`` (a process holds its pin), ``being published`` (a builder of
+    its key holds the build lock: it publishes first and pins right after, so the lock covers
+    that gap) or ``gone``.
+
+    Takes ``LOCK_EX|LOCK_NB`` on ``pins/<key>`` (the same inode readers lock) and on the build
+    lock of ``base_key``, renames the entry into ``trash/`` and deletes it there, then releases.
     """
     try:
         fd = os.open(store.pin_path(key), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except FileNotFoundError:
         return "gone"  # no pins/ directory: no layout here
+    lock_fd = -1
     try:
+        if not _try_flock(fd):
+            return "in use"
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                return "in use"
-            raise
+            lock_fd = os.open(store.lock_path(base_key or key), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            lock_fd = -1  # never built here (or lock not created yet): no builder to protect
+        if lock_fd >= 0 and not _try_flock(lock_fd):
+            return "being published"
         trashed = store.trash(key)
         if trashed is None:
             return "gone"
         store.rmtree(trashed)
         return "removed"
     finally:
+        if lock_fd >= 0:
+            os.close(lock_fd)
         os.close(fd)
 
 
@@ -291,7 +315,7 @@ def execute_item(store: Store, item: PlanItem) -> str:
     """Carry out one removal, re-checking that it is still safe; returns the outcome."""
     if item.kind == "entry":
         assert item.key is not None
-        return evict_entry(store, item.key)
+        return evict_entry(store, item.key, item.base_key)
     if item.kind == "staging":
         base = item.name.split("-", 1)[0]
         if (item.pid is not None and pid_alive(item.pid)) or flock_held(store.lock_path(base)):

@@ -31,6 +31,7 @@ class EntryRecord:
     key: str
     path: str
     name: str = "?"
+    base_key: str = ""            # the build-lock key (differs from ``key`` for header-tracking stubs)
     size: int = 0                 # library + manifest bytes
     library: str = ""
     torch: str | None = None
@@ -46,7 +47,7 @@ class EntryRecord:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "key": self.key, "name": self.name, "size": self.size, "torch": self.torch,
+            "key": self.key, "base_key": self.base_key, "name": self.name, "size": self.size, "torch": self.torch,
             "compiler": self.compiler, "python": self.python, "build_method": self.build_method,
             "build_seconds": self.build_seconds, "created": self.created, "last_used": self.last_used,
             "in_use": self.in_use, "path": self.path, "error": self.error,
@@ -171,6 +172,7 @@ def read_entry(store: Store, key: str, probe_in_use: bool = True) -> EntryRecord
     fp = pre.get("fingerprint") if isinstance(pre.get("fingerprint"), dict) else {}
     rec.fingerprint = fp
     rec.name = str(data.get("name", "?"))
+    rec.base_key = data.get("base_key") if isinstance(data.get("base_key"), str) else key
     lib_size = data.get("size") if isinstance(data.get("size"), int) else 0
     rec.size = lib_size + len(raw)
     rec.library = str(data.get("library", ""))
