@@ -71,13 +71,16 @@ def direct_command(spec: StubSpec, source: str, output: str, depfile: str) -> li
     cmd = [cxx, "-MMD", "-MF", depfile,
            f"-DTORCH_EXTENSION_NAME={spec.name}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
     cmd += [f"-I{p}" for p in spec.extra_include_paths]
+    system = []
     tdir = torch_dir()
     if tdir:
-        cmd += ["-isystem", os.path.join(tdir, "include"),
-                "-isystem", os.path.join(tdir, "include", "torch", "csrc", "api", "include")]
-    py_inc = sysconfig.get_path("include", scheme="posix_prefix")
-    if py_inc:
-        cmd += ["-isystem", py_inc]
+        system += [os.path.join(tdir, "include"), os.path.join(tdir, "include", "torch", "csrc", "api", "include")]
+    system.append(sysconfig.get_path("include", scheme="posix_prefix"))
+    for d in system:
+        # gcc fails on an include dir it cannot search; a stub that mentions no torch/Python
+        # header does not need these, so leave out what this user cannot read.
+        if d and os.access(d, os.R_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids):
+            cmd += ["-isystem", d]
     cmd += ["-fPIC", "-std=c++20", *spec.extra_cflags, source, "-shared", AS_NEEDED,
             *spec.extra_ldflags, "-o", output]
     return cmd

@@ -20,6 +20,7 @@ __version__ = "0.1.0"
 
 # errno values that mean "this root cannot take a build right now": degrade to a private build.
 _UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+_warned_degraded: set[str] = set()  # roots this process has already warned about
 
 
 class Entry:
@@ -83,7 +84,6 @@ class StubCache:
         self._lib_fds: dict[str, int] = {}
         self._policies: dict[str, TrustPolicy] = {}
         self._mutex = threading.RLock()
-        self._warned_degraded = False
 
     # --- public API --------------------------------------------------------------------------
 
@@ -122,8 +122,8 @@ class StubCache:
                 return memo
         with self._mutex:
             entry = self._get_or_build(spec, base)
-        if not spec.tracks_headers and entry.published:
-            self._memo[base] = entry
+        if not spec.tracks_headers:
+            self._memo[base] = entry  # private builds too: one per process is enough
         return entry
 
     def load(self, spec: StubSpec):
@@ -179,6 +179,7 @@ class StubCache:
                       file_mode=self.store.mode(0o600, 0o640), **extra)
 
     def _get_or_build(self, spec: StubSpec, base: str) -> Entry:
+        self._policy(self.store)  # checks the root, learns whether it is shared
         found = self._lookup_all(spec, base)
         if isinstance(found, Entry):
             self._event("hit", found.key, name=spec.name, seed=found.seed or None)
@@ -234,8 +235,8 @@ class StubCache:
             lock.release()
 
     def _degraded(self, spec: StubSpec, base: str, exc: OSError) -> Entry:
-        if not self._warned_degraded:
-            self._warned_degraded = True
+        if self.root not in _warned_degraded:
+            _warned_degraded.add(self.root)
             _log.warning("stubcache: cannot write the cache at %s (%s); building privately, nothing is "
                          "shared until this is fixed (see `stubcache doctor`)", self.root, exc)
         return self._private_build(spec, base, reason=str(exc))

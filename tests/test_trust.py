@@ -1,0 +1,254 @@
+"""Trust model: refusing unsafe paths, shared roots for several real users, seed stores,
+require-hit and degraded builds on unwritable roots."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import stubcache
+from stubcache import CacheMissError, StubCache, StubSpec, TrustError
+from stubcache.shared import init_root
+
+from .conftest import run_py
+
+IS_ROOT = os.geteuid() == 0
+needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root (real users, mounts)")
+
+
+def src(n: int) -> str:
+    return f'extern "C" int value(void) {{ return {n}; }}\n'
+
+
+def only_entry(root: Path) -> Path:
+    [e] = list((root / "v1" / "entries").iterdir())
+    return e
+
+
+def library_of(entry: Path) -> Path:
+    return next(p for p in entry.iterdir() if p.suffix == ".so")
+
+
+LOAD = """
+import os, stubcache
+print(stubcache.StubCache().load(stubcache.StubSpec("trust", os.environ["SRC"])).value())
+"""
+
+
+def build_one(cache_root: Path, n: int = 1) -> Path:
+    assert run_py(LOAD, env={"SRC": src(n)}).stdout.strip() == str(n)
+    return only_entry(cache_root)
+
+
+def expect_refusal(code: str = LOAD, n: int = 1, match: str = "refusing") -> str:
+    proc = run_py(code + "\n", env={"SRC": src(n)}, check=False)
+    assert proc.returncode != 0, proc.stdout
+    assert "TrustError" in proc.stderr and match in proc.stderr, proc.stderr
+    return proc.stderr
+
+
+def test_group_writable_root_is_refused(cache_root):
+    build_one(cache_root)
+    cache_root.chmod(0o770)
+    err = expect_refusal()
+    assert str(cache_root) in err and "chmod go-w" in err
+
+
+def test_world_writable_entry_is_refused(cache_root):
+    entry = build_one(cache_root)
+    entry.chmod(0o757)
+    assert str(entry) in expect_refusal()
+
+
+def test_writable_library_is_refused(cache_root):
+    entry = build_one(cache_root)
+    library_of(entry).chmod(0o777)
+    expect_refusal()
+
+
+def test_library_replaced_by_symlink_is_refused(cache_root, tmp_path):
+    entry = build_one(cache_root)
+    lib = library_of(entry)
+    evil = tmp_path / "evil.so"
+    shutil.copy(lib, evil)
+    entry.chmod(0o755)
+    lib.unlink()
+    lib.symlink_to(evil)
+    assert "symlink" in expect_refusal()
+
+
+def test_root_that_is_a_symlink_is_refused(tmp_path, monkeypatch):
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    monkeypatch.setenv("STUBCACHE_DIR", str(link))
+    run_py(LOAD, env={"SRC": src(1)}, check=False)  # first use may create it through the link
+    proc = run_py(LOAD, env={"SRC": src(1)}, check=False)
+    assert proc.returncode != 0 and "symlink" in proc.stderr
+
+
+@pytest.fixture(scope="session")
+def test_users():
+    """Real users: alice and bob in group stubcache_share, eve outside it (root only)."""
+    if not IS_ROOT or not shutil.which("useradd"):
+        pytest.skip("needs root and useradd to create real users")
+    subprocess.run(["groupadd", "-f", "stubcache_share"], check=True)
+    users = {"alice": "stubcache_alice", "bob": "stubcache_bob", "eve": "stubcache_eve"}
+    for role, name in users.items():
+        if subprocess.run(["id", name], capture_output=True).returncode != 0:
+            cmd = ["useradd", "-M", "-s", "/usr/sbin/nologin", name]
+            if role != "eve":
+                cmd[1:1] = ["-G", "stubcache_share"]
+            subprocess.run(cmd, check=True)
+    return users
+
+
+def run_as(user: str, code: str, env: dict) -> subprocess.CompletedProcess:
+    """Run ``code`` with the effective uid/gids of ``user``. The interpreter lives under /root
+    (mode 0700 here), so the child starts as root, imports what it needs, then drops to the
+    user's effective ids: every file access after that is the user's."""
+    pre = textwrap.dedent(f"""
+        import os, pwd, grp
+        import stubcache, stubcache.builder, stubcache.locking, stubcache.shared, stubcache.store
+        import filelock, fcntl, ctypes, subprocess, tempfile, shutil, json, logging, sysconfig
+        import glob, shlex, inspect, atexit, errno, signal, traceback
+        sysconfig.get_path("include", scheme="posix_prefix"); stubcache.fingerprint.torch_dir()
+        pw = pwd.getpwnam({user!r})
+        groups = sorted({{g.gr_gid for g in grp.getgrall() if pw.pw_name in g.gr_mem}} | {{pw.pw_gid}})
+        os.setgroups(groups); os.setegid(pw.pw_gid); os.seteuid(pw.pw_uid)
+        """)
+    return run_py(pre + textwrap.dedent(code), env=env, check=False)
+
+
+@pytest.fixture
+def shared_root(test_users):
+    parent = Path(tempfile.mkdtemp(prefix="stubcache-shared-test-"))
+    parent.chmod(0o755)
+    root = parent / "cache"
+    init_root(str(root), "stubcache_share")
+    yield root
+    shutil.rmtree(parent, ignore_errors=True)
+
+
+def test_shared_root_serves_a_group(shared_root, test_users):
+    env = {"STUBCACHE_DIR": str(shared_root), "SRC": src(5)}
+    a = run_as(test_users["alice"], LOAD, env)
+    assert a.returncode == 0 and a.stdout.strip() == "5", a.stderr
+    entry = only_entry(shared_root)
+    b = run_as(test_users["bob"], LOAD + "\nprint(len(os.listdir(os.environ['STUBCACHE_DIR'] + '/v1/entries')))", env)
+    assert b.returncode == 0 and b.stdout.split() == ["5", "1"], b.stderr
+    assert only_entry(shared_root) == entry  # bob hit alice's build
+    import grp
+    import pwd
+
+    gid = grp.getgrnam("stubcache_share").gr_gid
+    lib = library_of(entry)
+    assert pwd.getpwuid(lib.stat().st_uid).pw_name == test_users["alice"]
+    assert stat.S_IMODE(lib.stat().st_mode) == 0o555
+    assert stat.S_IMODE((entry / "manifest.json").stat().st_mode) == 0o444
+    for dirpath, dirnames, filenames in os.walk(shared_root):
+        for name in dirnames + filenames:
+            st = os.lstat(os.path.join(dirpath, name))
+            assert st.st_gid == gid, (dirpath, name)
+            assert stat.S_IMODE(st.st_mode) & 0o077 != 0, f"{dirpath}/{name} is private to its owner"
+            assert not st.st_mode & stat.S_IWOTH
+
+
+def test_shared_root_refuses_non_members(shared_root, test_users):
+    env = {"STUBCACHE_DIR": str(shared_root), "SRC": src(6)}
+    assert run_as(test_users["alice"], LOAD, env).returncode == 0
+    entries = sorted(os.listdir(shared_root / "v1" / "entries"))
+    # eve cannot enter the 2770 root: she still starts, from a private build, and writes nothing.
+    e = run_as(test_users["eve"], LOAD, env)
+    assert e.returncode == 0 and e.stdout.strip() == "6", e.stderr
+    assert "building privately" in e.stderr
+    assert sorted(os.listdir(shared_root / "v1" / "entries")) == entries
+    # Where she can read the root, she is refused outright as a non-member of the trusted group.
+    shared_root.chmod(0o2775)
+    (shared_root / "v1").chmod(0o2775)
+    e = run_as(test_users["eve"], LOAD, env)
+    assert e.returncode != 0 and "TrustError" in e.stderr and "not a member" in e.stderr, e.stderr
+
+
+def test_entry_owned_by_another_user_is_refused(cache_root, test_users):
+    import pwd
+
+    entry = build_one(cache_root)
+    uid = pwd.getpwnam(test_users["eve"]).pw_uid
+    os.chown(library_of(entry), uid, -1)
+    err = expect_refusal()
+    assert f"uid {uid}" in err
+
+
+def test_require_hit_turns_a_miss_into_an_error(cache_root, monkeypatch):
+    monkeypatch.setenv("STUBCACHE_REQUIRE_HIT", "1")
+    with pytest.raises(CacheMissError) as info:
+        StubCache().get_or_build(StubSpec("needhit", src(1)))
+    assert "needhit" in str(info.value) and "stubcache warm" in str(info.value)
+    assert not (cache_root / "v1" / "entries").exists() or not os.listdir(cache_root / "v1" / "entries")
+
+
+def test_seed_store_is_read_first_and_never_written(tmp_path, monkeypatch, cxx):
+    seed = tmp_path / "seed"
+    monkeypatch.setenv("STUBCACHE_DIR", str(seed))
+    run_py(LOAD, env={"SRC": src(8)})
+    assert cxx.compiles() == 1
+    before = sorted(str(p) + str(p.stat().st_mtime_ns) for p in seed.rglob("*"))
+    for p in seed.rglob("*"):
+        if not p.is_symlink():
+            p.chmod(p.stat().st_mode & ~0o222)
+    main = tmp_path / "main"
+    env = {"STUBCACHE_DIR": str(main), "STUBCACHE_SEED_DIRS": str(seed), "STUBCACHE_REQUIRE_HIT": "1",
+           "SRC": src(8)}
+    assert run_py(LOAD, env=env).stdout.strip() == "8"
+    assert cxx.compiles() == 1
+    assert not (main / "v1" / "entries").exists() or not os.listdir(main / "v1" / "entries")
+    after = sorted(str(p) + str(p.stat().st_mtime_ns) for p in seed.rglob("*"))
+    assert before == after
+    for p in seed.rglob("*"):
+        p.chmod(p.stat().st_mode | 0o200)
+
+
+def test_corrupt_seed_entry_is_skipped_and_built_locally(tmp_path, monkeypatch, cxx):
+    seed = tmp_path / "seed"
+    monkeypatch.setenv("STUBCACHE_DIR", str(seed))
+    run_py(LOAD, env={"SRC": src(9)})
+    lib = library_of(only_entry(seed))
+    lib.chmod(0o755)
+    lib.write_bytes(lib.read_bytes()[:200])
+    lib.chmod(0o555)
+    main = tmp_path / "main"
+    proc = run_py(LOAD, env={"STUBCACHE_DIR": str(main), "STUBCACHE_SEED_DIRS": str(seed), "SRC": src(9)})
+    assert proc.stdout.strip() == "9" and "ignoring seed entry" in proc.stderr
+    assert cxx.compiles() == 2
+    assert len(os.listdir(main / "v1" / "entries")) == 1
+    assert library_of(only_entry(seed)).stat().st_size == 200  # the seed was not touched
+
+
+@needs_root
+def test_read_only_root_degrades_to_a_private_build(tmp_path, monkeypatch):
+    mnt = tmp_path / "ro"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(mnt)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+        monkeypatch.setenv("STUBCACHE_DIR", str(mnt / "cache"))
+        proc = run_py(LOAD + "\nprint(stubcache.StubCache().load(stubcache.StubSpec('trust2', os.environ['SRC'])).value())",
+                      env={"SRC": src(3)})
+        assert proc.stdout.split() == ["3", "3"]
+        assert proc.stderr.count("building privately") == 1, proc.stderr  # warned once
+        monkeypatch.setenv("STUBCACHE_REQUIRE_HIT", "1")
+        proc = run_py(LOAD, env={"SRC": src(3)}, check=False)
+        assert proc.returncode != 0 and "CacheMissError" in proc.stderr
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
