@@ -59,7 +59,7 @@ class CudaBackend:
         except CudaUnavailableError:
             raise
         except Exception as exc:  # no driver: cuda.pathfinder raises instead of returning an error
-            raise CudaUnavailableError(f"the CUDA driver cannot be loaded: {exc}") from None
+            raise CudaUnavailableError(f"CUDA driver initialisation failed: {exc}") from None
         self._dev = self._check(cu.cuDeviceGet(device_index), "cuDeviceGet")
         self._ctx = self._check(cu.cuDevicePrimaryCtxRetain(self._dev), "cuDevicePrimaryCtxRetain")
         self._mappings: list[tuple[int, int, Any]] = []  # (offset, size, handle), ascending

@@ -11,7 +11,7 @@ import time
 
 import stubcache
 
-from . import KvArena, load_stub
+from . import CudaUnavailableError, KvArena, load_stub
 
 MiB = 1 << 20
 
@@ -52,7 +52,12 @@ def main(argv: list[str] | None = None) -> int:
         nbytes *= s
     print(f"torch          {torch.__version__} (cuda available: {torch.cuda.is_available()})")
     t2 = time.perf_counter()
-    with KvArena(args.reserve_mib * MiB, device=device) as arena:
+    try:
+        arena = KvArena(args.reserve_mib * MiB, device=device)
+    except CudaUnavailableError as exc:
+        print(f"error          {exc}")
+        return 2
+    with arena:
         print(f"arena          {arena.device}: reserved {arena.reserved / MiB:.0f} MiB at {arena.base:#x}, "
               f"granularity {arena.granularity} B, slot {arena.slot} ({arena.alloc_fn_name}/{arena.free_fn_name}) "
               f"in {(time.perf_counter() - t2) * 1e3:.1f} ms")

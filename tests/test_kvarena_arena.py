@@ -246,3 +246,12 @@ def test_demo_runs(cache_root):
     proc = run_py("from kvarena.demo import main; raise SystemExit(main(['--device', 'cpu', '--tokens', '64']))")
     assert "cache hit" in proc.stdout and "closed         ok" in proc.stdout
     assert os.path.isdir(cache_root)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error where the driver is missing")
+def test_cuda_backend_without_driver_is_a_clear_error():
+    pytest.importorskip("cuda.bindings.driver")
+    from kvarena.cuda import CudaBackend
+
+    with pytest.raises(CudaUnavailableError, match="CUDA driver initialisation failed"):
+        CudaBackend(1 << 20, 0)
