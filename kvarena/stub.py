@@ -281,6 +281,8 @@ class StubLibrary:
             return len(self._free_slots)
 
 
+# Keyed like glibc keys loaded objects (device, inode): a second load of the same file returns
+# the same handle and so the same slot table, whatever path it came through.
 _loaded: dict[tuple[int, int], StubLibrary] = {}
 _load_lock = threading.Lock()
 _spec: Optional[stubcache.StubSpec] = None  # one spec object, so stubcache memoizes its key

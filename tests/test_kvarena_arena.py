@@ -255,3 +255,8 @@ def test_cuda_backend_without_driver_is_a_clear_error():
 
     with pytest.raises(CudaUnavailableError, match="CUDA driver initialisation failed"):
         CudaBackend(1 << 20, 0)
+
+
+def test_import_does_not_import_torch_or_cuda_bindings():
+    proc = run_py("import sys, kvarena; print('torch' in sys.modules, 'cuda.bindings' in sys.modules)")
+    assert proc.stdout.split() == ["False", "False"]
