@@ -357,6 +357,7 @@ class StubCache:
             os.rename(result.library, lib)
             manifest = self._manifest_for(spec, base, result, file_sha256(lib), os.path.getsize(lib))
             _faults.point("before_publish")
+            self._pin(manifest.key)  # pinned before it becomes visible: prune cannot take it in between
             self.store.publish(staged_entry, manifest)  # False: an existing entry won
             _faults.point("after_publish")
             self._event("build", manifest.key, result.seconds, name=spec.name, method=result.method)

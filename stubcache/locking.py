@@ -60,7 +60,7 @@ def acquire(store: Store, base: str, timeout: float, name: str):
     remaining = deadline - time.monotonic()
     if remaining <= 0:
         raise LockTimeoutError(f"timed out after {timeout:.0f}s waiting for the build of {name!r} "
-                               f"(key {base}) held by {holder}")
+                               f"(key {base}) held by {holder}; raise STUBCACHE_LOCK_TIMEOUT if builds are slow")
     log.warning("stubcache: waiting for %s to finish building %r (key %s)", holder, name, base)
     try:
         lock.acquire(timeout=remaining, poll_interval=0.05)

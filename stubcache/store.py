@@ -232,15 +232,25 @@ class Store:
         the last-used stamp at most once per ``LAST_USED_INTERVAL``."""
         import fcntl
 
-        fd = self._open_pin(key)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH)
-            if time.time() - os.fstat(fd).st_mtime > LAST_USED_INTERVAL:
-                os.utime(fd)
-        except OSError:
-            os.close(fd)
-            raise
-        return fd
+        while True:
+            fd = self._open_pin(key)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH)
+                st = os.fstat(fd)
+                try:
+                    current = os.stat(self.pin_path(key)).st_ino
+                except FileNotFoundError:
+                    current = None
+                if current != st.st_ino:
+                    # prune removed this pin file while we waited: lock the one now in place
+                    os.close(fd)
+                    continue
+                if time.time() - st.st_mtime > LAST_USED_INTERVAL:
+                    os.utime(fd)
+            except OSError:
+                os.close(fd)
+                raise
+            return fd
 
     # --- build bookkeeping ---------------------------------------------------------------
 
