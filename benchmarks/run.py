@@ -1,0 +1,192 @@
+"""Run the stubcache benchmarks: every scenario against its alternatives, in one run.
+
+    python benchmarks/run.py [--quick] [--out DIR] [--only 1,4] [--keep-work]
+
+Writes ``DIR/results.json`` (every sample), ``DIR/results.md`` (tables, targets, notes) and, with
+matplotlib installed (``pip install -e '.[bench]'``), ``DIR/herd.png`` (scenario 4). Default
+``DIR`` is ``benchmarks/results/latest``. ``--quick`` is the CI smoke test: fewer repetitions,
+smaller herds and stores, and no ~40 s torch-header build. Nothing here asserts a speed; targets
+are reported as met or missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(1, str(HERE.parent))
+
+from _common import Ctx, fmt_time, fmt_value  # noqa: E402
+
+SCENARIOS = {
+    1: "s1_cold_build",
+    2: "s2_fresh_hit",
+    3: "s3_inproc_hit",
+    4: "s4_herd",
+    5: "s5_many_arenas",
+    6: "s6_cache_mgmt",
+    7: "s7_hit_breakdown",
+}
+
+
+def _sh(cmd: list[str]) -> str:
+    try:
+        return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"<{exc}>"
+
+
+def machine() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    def ver(pkg: str) -> str | None:
+        try:
+            return version(pkg)
+        except PackageNotFoundError:
+            return None
+
+    return {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "nproc": _sh(["nproc"]),
+        "lscpu": "\n".join(_sh(["lscpu"]).splitlines()[:12]),
+        "memory": next((ln for ln in _sh(["free", "-g"]).splitlines() if ln.startswith("Mem")), ""),
+        "kernel": platform.release(),
+        "python": sys.version.split()[0],
+        "torch": ver("torch"),
+        "compiler": _sh([shutil.which("c++") or "c++", "--version"]).splitlines()[0],
+        "ninja": _sh(["ninja", "--version"]),
+        "filelock": ver("filelock"),
+        "git_commit": _sh(["git", "-C", str(HERE.parent), "rev-parse", "--short", "HEAD"]),
+        "loadavg_start": os.getloadavg(),
+    }
+
+
+def render(results: dict) -> str:
+    m = results["machine"]
+    lines = [
+        "# stubcache benchmark results",
+        "",
+        f"- command: `{results['command']}`",
+        f"- mode: {'quick (CI smoke test)' if results['quick'] else 'full'}; run took {results['seconds']:.0f} s",
+        f"- date: {m['date']}; git {m['git_commit']}",
+        f"- machine: {m['nproc']} CPUs (`nproc`), Python {m['python']}, torch {m['torch']}, {m['compiler']}, "
+        f"ninja {m['ninja']}, kernel {m['kernel']}; load average at start {', '.join(f'{x:.2f}' for x in m['loadavg_start'])}",
+        "",
+        "Times are medians over repetitions, spread is min–max (n = repetitions). Ratios compare "
+        "approaches measured in this same run.",
+        "",
+        "## Targets",
+        "",
+        "| scenario | target | measured | goal | status |",
+        "|---|---|---|---|---|",
+    ]
+    for sc in results["scenarios"]:
+        for t in sc.get("targets", []):
+            status = {True: "**met**", False: "**missed**", None: "not measured"}[t["met"]]
+            note = f" ({t['note']})" if t.get("note") else ""
+            lines.append(f"| {sc['id']} | {t['target']} | {t['measured']} | {t['goal']} | {status}{note} |")
+    for sc in results["scenarios"]:
+        lines += ["", f"## {sc['id']}. {sc.get('title', '')}", ""]
+        if sc.get("error"):
+            lines += ["```", sc["error"].strip()[-3000:], "```"]
+            continue
+        extra_keys = []
+        for r in sc["rows"]:
+            for k in r["extra"]:
+                if k not in extra_keys and k not in ("error_sample", "n"):
+                    extra_keys.append(k)
+        lines.append("| case | approach | median | spread (min–max) | n |" + "".join(f" {k} |" for k in extra_keys))
+        lines.append("|---|---|---|---|---|" + "---|" * len(extra_keys))
+        for r in sc["rows"]:
+            spread = f"{fmt_value(r['min'], r['unit'])} – {fmt_value(r['max'], r['unit'])}"
+            cells = []
+            for k in extra_keys:
+                v = r["extra"].get(k)
+                if v is None:
+                    cells.append("")
+                elif k == "size":
+                    cells.append(f"{v / 1024:.0f} KiB")
+                elif isinstance(v, float):
+                    cells.append(fmt_time(v))
+                elif isinstance(v, list):
+                    cells.append(",".join(str(x) for x in v))
+                else:
+                    cells.append(str(v))
+            lines.append(f"| {r['case']} | {r['approach']} | {fmt_value(r['median'], r['unit'])} | {spread} | "
+                         f"{r['n']} |" + "".join(f" {c} |" for c in cells))
+        if sc.get("figure"):
+            lines += ["", f"![{sc['title']}]({sc['figure']})"]
+        if sc.get("notes"):
+            lines.append("")
+            lines += [f"- {n}" for n in sc["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="CI smoke test: fewer repetitions, no torch-header build")
+    ap.add_argument("--out", default=str(HERE / "results" / "latest"), help="output directory")
+    ap.add_argument("--only", default="", help="comma-separated scenario numbers (default: all)")
+    ap.add_argument("--keep-work", action="store_true", help="keep the scratch directory (cache roots, logs)")
+    args = ap.parse_args(argv)
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    only = [int(x) for x in args.only.split(",") if x.strip()] or list(SCENARIOS)
+    ctx = Ctx(out, quick=args.quick)
+    ctx.log(f"scratch {ctx.work}; results -> {out}")
+    results = {"command": "python benchmarks/run.py" + (" --quick" if args.quick else "")
+               + (f" --only {args.only}" if args.only else ""),
+               "quick": args.quick, "machine": machine(), "scenarios": []}
+    t_start = time.perf_counter()
+    failed = []
+    try:
+        for sid in only:
+            mod = importlib.import_module(SCENARIOS[sid])
+            ctx.log(f"scenario {sid}: {mod.__doc__.strip().splitlines()[0]}")
+            t0 = time.perf_counter()
+            try:
+                res = mod.run(ctx)
+            except Exception:
+                failed.append(sid)
+                res = {"id": sid, "title": SCENARIOS[sid], "rows": [], "targets": [], "error": traceback.format_exc()}
+                print(res["error"], file=sys.stderr)
+            res["seconds"] = time.perf_counter() - t0
+            if hasattr(mod, "plot") and res.get("rows"):
+                png = out / "herd.png"
+                if mod.plot(res, png):
+                    res["figure"] = png.name
+                else:
+                    res.setdefault("notes", []).append("matplotlib not installed: no figure "
+                                                       "(pip install -e '.[bench]')")
+            results["scenarios"].append(res)
+            ctx.log(f"scenario {sid} done in {res['seconds']:.1f} s")
+    finally:
+        if not args.keep_work:
+            ctx.cleanup()
+    results["seconds"] = time.perf_counter() - t_start
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    md = render(results)
+    (out / "results.md").write_text(md)
+    print(md)
+    print(f"wrote {out / 'results.json'} and {out / 'results.md'}")
+    if failed:
+        print(f"scenario(s) {failed} failed", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
