@@ -563,9 +563,12 @@ def cmd_warm(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from .doctor import run_checks
+    from .doctor import fix_permissions, run_checks
 
     root = _root(args)
+    if args.fix and os.path.isdir(root):
+        for line in fix_permissions(root):
+            _out(f"fixed: {line}")
     checks = run_checks(root)
     errors = [c for c in checks if c.status == "error"]
     if args.format == "json":
@@ -580,6 +583,26 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             if c.fix and c.status != "ok":
                 _out(f"        fix: {c.fix}")
     return EXIT_PROBLEMS if errors else EXIT_OK
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from .shared import init_root
+
+    root = os.path.abspath(args.dir) if args.dir else _root(args)
+    if args.shared and not args.group:
+        raise UsageError("--shared needs --group GROUP (the group whose members may publish)")
+    if args.group and not args.shared:
+        raise UsageError("--group only makes sense with --shared")
+    try:
+        done = init_root(root, args.group if args.shared else None)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.format == "json":
+        _json({"root": root, "shared": bool(args.shared), "group": args.group, "actions": done})
+    else:
+        for line in done:
+            _out(line)
+    return EXIT_OK
 
 
 def cmd_dir(args: argparse.Namespace) -> int:
@@ -676,6 +699,14 @@ def build_parser() -> argparse.ArgumentParser:
     _fmt(p)
 
     p = add("doctor", cmd_doctor, "check the root's permissions, filesystem, free space and toolchain")
+    p.add_argument("--fix", action="store_true",
+                   help="first repair permissions of paths you own (drop group/other write; shared modes)")
+    _fmt(p)
+
+    p = add("init", cmd_init, "create or convert a cache root: private (0700), or shared with a group")
+    p.add_argument("dir", nargs="?", metavar="DIR", help="the root (default: --cache-dir / $STUBCACHE_DIR)")
+    p.add_argument("--shared", action="store_true", help="share the root with the members of --group")
+    p.add_argument("--group", metavar="GROUP", help="the trusted group (name or gid)")
     _fmt(p)
 
     p = add("dir", cmd_dir, "print the cache root")

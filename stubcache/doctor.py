@@ -65,39 +65,75 @@ def filesystem_type(path: str, mountinfo: str = "/proc/self/mountinfo") -> tuple
     return best
 
 
-def check_root(root: str) -> list[Check]:
-    """Ownership and permissions of the root and its layout directories."""
-    out: list[Check] = []
-    if not os.path.lexists(root):
-        out.append(Check("root", "ok", f"{root} does not exist yet; it is created (mode 0700) on first use"))
-        return out
+def _layout_paths(root: str) -> list[str]:
     store = Store(root)
     paths = [root]
     if os.path.isdir(store.base):
         paths += [store.base] + [store.path(s) for s in SUBDIRS if os.path.lexists(store.path(s))]
+        paths += [store.entry_dir(k) for k in store.entry_keys()]
+    return paths
+
+
+def check_root(root: str) -> list[Check]:
+    """Ownership and permissions of the root, its layout directories and entry directories,
+    judged by the same trust policy the loader applies (private, or shared with a group)."""
+    from .errors import TrustError
+    from .trust import load_policy
+
+    out: list[Check] = []
+    if not os.path.lexists(root):
+        out.append(Check("root", "ok", f"{root} does not exist yet; it is created (mode 0700) on first use"))
+        return out
+    try:
+        policy = load_policy(Store(root).base)
+    except TrustError as exc:
+        return [Check("config", "error", str(exc), "recreate the root with `stubcache init`")]
     bad = []
-    for p in paths:
-        st = os.lstat(p)
-        if stat.S_ISLNK(st.st_mode):
-            bad.append(Check("permissions", "error", f"{p} is a symlink; stubcache refuses to use it",
-                             f"replace it with a real directory: rm {p}"))
-        elif st.st_uid not in (os.geteuid(), 0):
-            bad.append(Check("ownership", "error", f"{p} is owned by uid {st.st_uid}, not you (uid {os.geteuid()})",
-                             "use a cache directory of your own (--cache-dir or STUBCACHE_DIR)"))
-        elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            bad.append(Check("permissions", "error",
-                             f"{p} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}): "
-                             "anyone who can write it can make your processes run their code",
-                             f"chmod go-w {p}"))
+    for p in _layout_paths(root):
+        try:
+            policy.check(os.lstat(p), p, "cache directory")
+        except TrustError as exc:
+            bad.append(Check("permissions", "error", str(exc).replace("  (or `stubcache doctor --fix`)", ""),
+                             "stubcache doctor --fix" if os.lstat(p).st_uid == os.geteuid()
+                             else "use a cache directory of your own (--cache-dir or STUBCACHE_DIR)"))
     out += bad
     if not bad:
         mode = stat.S_IMODE(os.lstat(root).st_mode)
-        out.append(Check("ownership", "ok", f"{root} is owned by you, mode {mode:o}, not writable by others"))
+        kind = f"shared with group {policy.group} (gid {policy.gid})" if policy.shared else "private"
+        out.append(Check("ownership", "ok", f"{root}: {kind}, mode {mode:o}, nothing writable by untrusted users"))
     real = os.path.realpath(root)
     if real == "/tmp" or real.startswith("/tmp/"):
         out.append(Check("location", "warn", f"{root} is under /tmp (predictable, may be wiped on reboot)",
                          "set STUBCACHE_DIR to a directory in your home or on local scratch"))
     return out
+
+
+def fix_permissions(root: str) -> list[str]:
+    """Repair what ``check_root`` reports on paths you own: drop group/other write (private
+    roots) or restore the shared modes. Symlinks and others' paths are left for a human."""
+    from .shared import SHARED_DIR_MODE, SHARED_ENTRY_MODE
+    from .trust import load_policy
+
+    policy = load_policy(Store(root).base)
+    store = Store(root)
+    entry_dirs = {store.entry_dir(k) for k in store.entry_keys()}
+    done = []
+    for p in _layout_paths(root):
+        st = os.lstat(p)
+        if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid():
+            continue
+        mode = stat.S_IMODE(st.st_mode)
+        if policy.shared:
+            want = SHARED_ENTRY_MODE if p in entry_dirs else SHARED_DIR_MODE
+            if st.st_gid != policy.gid:
+                os.chown(p, -1, policy.gid)
+                done.append(f"chgrp {policy.group} {p}")
+        else:
+            want = mode & ~0o022
+        if mode != want:
+            os.chmod(p, want)
+            done.append(f"chmod {want:o} {p}")
+    return done
 
 
 def check_filesystem(root: str) -> list[Check]:

@@ -10,7 +10,7 @@ from typing import Any
 from .errors import TrustError
 from .manifest import MANIFEST_NAME
 from .store import Store, file_sha256
-from .trust import check_stat
+from .trust import TrustPolicy, load_policy
 
 
 @dataclass
@@ -27,10 +27,12 @@ class VerifyResult:
         return asdict(self)
 
 
-def check_entry(store: Store, key: str) -> VerifyResult:
+def check_entry(store: Store, key: str, policy: TrustPolicy | None = None) -> VerifyResult:
     """Check one entry: manifest parses and names this key, exactly the two expected files,
     trusted ownership/permissions, no symlinks, and the library's size and SHA-256."""
     edir = store.entry_dir(key)
+    if policy is None:
+        policy = load_policy(store.base)
     try:
         manifest = store.read_manifest(key)
     except FileNotFoundError:
@@ -43,7 +45,7 @@ def check_entry(store: Store, key: str) -> VerifyResult:
     if manifest.key != key:
         return VerifyResult(key, name, "bad", f"manifest describes key {manifest.key}")
     try:
-        check_stat(os.lstat(edir), edir, "cache entry")
+        policy.check(os.lstat(edir), edir, "cache entry")
         names = set(os.listdir(edir))
         expected = {MANIFEST_NAME, manifest.library}
         if names != expected:
@@ -52,7 +54,7 @@ def check_entry(store: Store, key: str) -> VerifyResult:
         fd = os.open(lib, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             st = os.fstat(fd)
-            check_stat(st, lib, "library")
+            policy.check(st, lib, "library")
             if not stat.S_ISREG(st.st_mode):
                 return VerifyResult(key, name, "bad", "library is not a regular file")
             if st.st_size != manifest.size:
@@ -79,8 +81,9 @@ def verify_store(store: Store, quarantine: bool = True) -> list[VerifyResult]:
     from . import events
 
     results = []
+    policy = load_policy(store.base)
     for key in store.entry_keys():
-        res = check_entry(store, key)
+        res = check_entry(store, key, policy)
         if res.status == "bad" and quarantine:
             res.quarantined_to = store.quarantine(key, f"stubcache verify: {res.detail}")
             if res.quarantined_to:

@@ -121,7 +121,8 @@ def run_as(user: str, code: str, env: dict) -> subprocess.CompletedProcess:
         import os, pwd, grp
         import stubcache, stubcache.builder, stubcache.locking, stubcache.shared, stubcache.store
         import filelock, fcntl, ctypes, subprocess, tempfile, shutil, json, logging, sysconfig
-        import glob, shlex, inspect, atexit, errno, signal, traceback
+        import glob, shlex, inspect, atexit, errno, signal, traceback, argparse
+        import stubcache.cli, stubcache.verify, stubcache.scan, stubcache.prune, stubcache.stats, stubcache.units
         sysconfig.get_path("include", scheme="posix_prefix"); stubcache.fingerprint.torch_dir()
         pw = pwd.getpwnam({user!r})
         groups = sorted({{g.gr_gid for g in grp.getgrall() if pw.pw_name in g.gr_mem}} | {{pw.pw_gid}})
@@ -252,3 +253,42 @@ def test_read_only_root_degrades_to_a_private_build(tmp_path, monkeypatch):
         assert proc.returncode != 0 and "CacheMissError" in proc.stderr
     finally:
         subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_doctor_reports_and_fixes_permissions(cache_root):
+    entry = build_one(cache_root)
+    entry.chmod(0o775)
+    cli = [sys.executable, "-m", "stubcache", "--cache-dir", str(cache_root)]
+    bad = subprocess.run(cli + ["doctor", "--format", "json"], capture_output=True, text=True)
+    assert bad.returncode == 1
+    errors = [c for c in json.loads(bad.stdout)["checks"] if c["status"] == "error"]
+    assert errors and str(entry) in errors[0]["detail"]
+    fixed = subprocess.run(cli + ["doctor", "--fix"], capture_output=True, text=True)
+    assert fixed.returncode == 0, fixed.stdout
+    assert f"chmod 755 {entry}" in fixed.stdout
+    assert stat.S_IMODE(entry.stat().st_mode) == 0o755
+    assert run_py(LOAD, env={"SRC": src(1)}).stdout.strip() == "1"
+
+
+def test_cli_init_shared_then_members_verify_each_others_entries(test_users):
+    parent = Path(tempfile.mkdtemp(prefix="stubcache-shared-cli-"))
+    parent.chmod(0o755)
+    root = parent / "cache"
+    try:
+        init = subprocess.run([sys.executable, "-m", "stubcache", "init", "--shared", "--group",
+                               "stubcache_share", str(root)], capture_output=True, text=True)
+        assert init.returncode == 0, init.stderr
+        assert "shared with group stubcache_share" in init.stdout
+        env = {"STUBCACHE_DIR": str(root), "SRC": src(2)}
+        assert run_as(test_users["alice"], LOAD, env).stdout.strip() == "2"
+        verify = run_as(test_users["bob"], """
+        import sys
+        from stubcache.cli import main
+        sys.exit(main(["verify"]))
+        """, env)
+        assert verify.returncode == 0, verify.stdout + verify.stderr
+        bad = subprocess.run([sys.executable, "-m", "stubcache", "init", "--shared", str(root)],
+                             capture_output=True, text=True)
+        assert bad.returncode == 2 and "--group" in bad.stderr
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
