@@ -131,6 +131,8 @@ def main() -> None:
         import stubcache  # noqa: F401
         if cfg["mode"] == "kvarena":
             import kvarena  # noqa: F401
+    for mod in cfg.get("preload", []):  # diagnostics: pay lazy imports before the fork
+        __import__(mod)
     out = [herd(cfg, run) for run in cfg["runs"]]
     print(json.dumps(out))
 

@@ -54,7 +54,7 @@ def bare_compile(ctx: Ctx) -> tuple[float, int]:
 def run(ctx: Ctx) -> dict:
     reps = ctx.reps(3, 7)
     reps_torch = ctx.reps(2, 5)
-    reps_implicit = 0 if ctx.quick else 2
+    reps_implicit = 0 if ctx.quick else 3
     res: dict[str, list] = {k: [] for k in ("stubcache", "existing", "bare", "noimpl", "implicit")}
     sizes: dict[str, int] = {}
     builds: list[float] = []

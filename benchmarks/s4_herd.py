@@ -20,6 +20,14 @@ APPROACHES = {
     "private": "private dir per process (SGLang)",
     "shared": "shared torch build dir",
 }
+# Diagnostics (not in the figure): where a stubcache herd's extra time goes.
+DIAG = {
+    "existing": "stubcache, root already exists (diagnostic)",
+    "preloaded": "stubcache, root exists + filelock/builder imported before fork (diagnostic)",
+}
+LAZY_IMPORTS = ["filelock", "stubcache.builder", "stubcache.locking", "subprocess", "sysconfig", "ctypes"]
+WARMUP = ("import sys, stubcache; stubcache.StubCache(sys.argv[1]).get_or_build("
+          "stubcache.StubSpec('bench_warmup', 'extern \"C\" int bench_warmup(void) { return 1; }'))")
 
 
 def launch(ctx: Ctx, cfg: dict, tag: str) -> list[dict]:
@@ -46,10 +54,18 @@ def new_run(ctx: Ctx, mode: str, n: int, variants: list[int] | None = None, **ex
     return run
 
 
+def existing_root(ctx: Ctx) -> str:
+    """A cache root that already holds another stub (compiler probed, sub-directories made)."""
+    root = ctx.fresh_dir("herd-root")
+    subprocess.run([PY, "-c", WARMUP, str(root)], check=True,
+                   env=child_env(CXX=str(ctx.cxx.path), BENCH_CXX_LOG=str(ctx.work / "warmup.log")))
+    return str(root)
+
+
 def run(ctx: Ctx) -> dict:
     ns = [1, 2, 4] if ctx.quick else [1, 2, 4, 8, 16]
     mixed_ns = [4] if ctx.quick else [4, 16]
-    reps = ctx.reps(1, 3)
+    reps = ctx.reps(1, 5)
     sources = {"0": variant_source(0), "1": variant_source(1)}
     base_cfg = {"name": STUB_NAME, "sources": sources, "kw": spec_kwargs()}
     data: dict[tuple[str, str], list[dict]] = {}
@@ -63,18 +79,25 @@ def run(ctx: Ctx) -> dict:
             for r, res in zip(runs, results):
                 case = f"mixed N={r['n']}" if r.get("mixed") else f"N={r['n']}"
                 data.setdefault((case, mode), []).append(res)
+        for diag, preload in (("existing", []), ("preloaded", LAZY_IMPORTS)):
+            runs = [dict(new_run(ctx, "stubcache", n), root=existing_root(ctx)) for n in (1, ns[-1])]
+            results = launch(ctx, dict(base_cfg, mode="stubcache", runs=runs, preload=preload), f"herd-{diag}-{rep}")
+            for r, res in zip(runs, results):
+                data.setdefault((f"N={r['n']}", diag), []).append(res)
     rows = []
+    labels = {**APPROACHES, **DIAG}
+    order = list(labels.values())
     for (case, mode), results in data.items():
-        rows.append(row(case, APPROACHES[mode], [r["all_loaded"] for r in results],
+        rows.append(row(case, labels[mode], [r["all_loaded"] for r in results],
                         compiles=[r["compiles"] for r in results], wrong=[r["wrong"] for r in results],
                         errors=sum(len(r["errors"]) for r in results),
                         error_sample=next((r["errors"][0] for r in results if r["errors"]), None),
                         n=results[0]["n"]))
-    rows.sort(key=lambda r: (r["case"].startswith("mixed"), r["extra"]["n"], list(APPROACHES.values()).index(r["approach"])))
+    rows.sort(key=lambda r: (r["case"].startswith("mixed"), r["extra"]["n"], order.index(r["approach"])))
     top = ns[-1]
 
     def get(case: str, mode: str) -> dict:
-        return next(r for r in rows if r["case"] == case and r["approach"] == APPROACHES[mode])
+        return next(r for r in rows if r["case"] == case and r["approach"] == labels[mode])
 
     big = get(f"N={top}", "stubcache")
     one = get("N=1", "stubcache")
@@ -97,6 +120,13 @@ def run(ctx: Ctx) -> dict:
         f"({ratio(priv['median'], big['median']):.1f}× stubcache); shared torch directory "
         f"{fmt_time(shared['median'])} with {shared['extra']['compiles'][0]} compile(s).",
     ]
+    ex1, ex = get("N=1", "existing"), get(f"N={top}", "existing")
+    pl1, pl = get("N=1", "preloaded"), get(f"N={top}", "preloaded")
+    notes.append(f"Diagnostics, N={top} vs N=1: fresh root {r:.2f}×; root already existing "
+                 f"{ratio(ex['median'], ex1['median']):.2f}× ({fmt_time(ex['median'])}); root existing and "
+                 f"filelock/builder imported before the fork {ratio(pl['median'], pl1['median']):.2f}× "
+                 f"({fmt_time(pl['median'])}), against the fresh-root herd of 1 "
+                 f"{ratio(pl['median'], one['median']):.2f}×.")
     for n in mixed_ns:
         sh = get(f"mixed N={n}", "shared")
         sc = get(f"mixed N={n}", "stubcache")

@@ -129,7 +129,8 @@ def run(ctx: Ctx) -> dict:
         for k, v in d.items():
             cold.setdefault(k, []).append(v)
     imps = [importtime() for _ in range(procs)]
-    rows = [row("hit piece (per call)", k, v) for k, v in merged.items()]
+    rows = [row("once per process" if k.startswith(("import", "first")) else "hit piece (per call)", k, v)
+            for k, v in merged.items()]
     rows += [row("cold-process piece (once)", k, v) for k, v in cold.items()]
     rows.append(row("import", "python -X importtime: stubcache cumulative",
                     [i["stubcache_cumulative_us"] / 1e6 for i in imps if i["stubcache_cumulative_us"]]))

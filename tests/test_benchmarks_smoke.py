@@ -1,0 +1,54 @@
+"""Smoke tests of the benchmark harness: statistics, rendering, and a tiny real herd.
+
+No wall-clock thresholds: these check that the harness measures what it says (compile counts,
+wrong-library detection), not how fast anything is.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import _common  # noqa: E402
+import run as bench_run  # noqa: E402
+import s4_herd  # noqa: E402
+
+
+def test_stats_median_and_quartiles():
+    s = _common.stats([3.0, 1.0, 2.0, 4.0])
+    assert s["n"] == 4 and s["median"] == 2.5 and s["min"] == 1.0 and s["max"] == 4.0
+    assert s["p25"] == pytest.approx(1.75) and s["p75"] == pytest.approx(3.25)
+    assert _common.stats([])["median"] is None
+
+
+def test_render_marks_targets():
+    results = {
+        "command": "python benchmarks/run.py --quick", "quick": True, "seconds": 1.0,
+        "machine": {"date": "d", "git_commit": "c", "nproc": "2", "python": "3", "torch": "t",
+                    "compiler": "c++", "ninja": "1", "kernel": "k", "loadavg_start": (0.0, 0.0, 0.0)},
+        "scenarios": [{"id": 1, "title": "T", "notes": ["a note"],
+                       "rows": [_common.row("case", "approach", [0.5, 0.25], size=1024)],
+                       "targets": [_common.target("t1", "1×", "≤ 2×", True),
+                                   _common.target("t2", "3×", "≤ 2×", False),
+                                   _common.target("t3", "-", "x", None, "skipped")]}],
+    }
+    md = bench_run.render(results)
+    assert "**met**" in md and "**missed**" in md and "not measured (skipped)" in md
+    assert "| case | approach | 375.0 ms | 250.0 ms – 500.0 ms | 2 | 1 KiB |" in md
+
+
+def test_herd_counts_one_compile_and_detects_variants(tmp_path):
+    ctx = _common.Ctx(tmp_path / "out", quick=True, work=tmp_path / "work", verbose=False)
+    cfg = {"name": "bench_smoke_stub", "kw": _common.spec_kwargs(), "mode": "stubcache",
+           "sources": {"0": _common.variant_source(0), "1": _common.variant_source(1)},
+           "runs": [s4_herd.new_run(ctx, "stubcache", 3),
+                    s4_herd.new_run(ctx, "stubcache", 2, [0, 1], mixed=True)]}
+    same, mixed = s4_herd.launch(ctx, cfg, "smoke")
+    assert same["errors"] == [] and same["reported"] == 3
+    assert same["compiles"] == 1 and same["wrong"] == 0
+    assert mixed["errors"] == [] and mixed["compiles"] == 2 and mixed["wrong"] == 0
