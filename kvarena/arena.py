@@ -147,7 +147,9 @@ class KvArena:
         from torch.cuda.memory import CUDAPluggableAllocator
 
         slot = self._res.slot
-        allocator = CUDAPluggableAllocator(self._stub.path, slot.alloc_name, slot.free_name)
+        # The name of the verified open file: torch's dlopen then returns the very handle whose
+        # slot table we configured, even if the cache entry was replaced on disk meanwhile.
+        allocator = CUDAPluggableAllocator(self._stub.loaded_path, slot.alloc_name, slot.free_name)
         kwargs = {}
         if "no_split" in inspect.signature(torch.cuda.MemPool.__init__).parameters:
             kwargs["no_split"] = True
@@ -248,7 +250,14 @@ class KvArena:
             keep = _align_up(max(int(nbytes), 0), self.granularity)
             if keep >= self._committed:
                 return 0
-            new = self._res.backend.shrink(keep, self._committed)
+            try:
+                new = self._res.backend.shrink(keep, self._committed)
+            except BaseException:
+                # Part of the range may be gone already: never claim memory that is unmapped.
+                mapped = getattr(self._res.backend, "mapped_bytes", None)
+                if mapped is not None:
+                    self._committed = mapped()
+                raise
             freed = self._committed - new
             self._committed = new
             log.debug("kvarena: uncommitted down to %d bytes (%d released)", new, freed)
@@ -299,6 +308,8 @@ class KvArena:
         self._check_open()
         dtype = dtype if dtype is not None else torch.get_default_dtype()
         shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
+        if any(s < 0 for s in shape):
+            raise ValueError(f"negative dimension in shape {shape}")
         if self._res.pool is not None:
             with self.use():
                 return torch.empty(shape, dtype=dtype, device=self.device)

@@ -136,6 +136,10 @@ class CudaBackend:
                 self._check(self._cu.cuMemUnmap(self.base + offset, size), f"cuMemUnmap(+{offset}, {size})")
                 self._mappings.pop()
                 self._check(self._cu.cuMemRelease(handle), "cuMemRelease")
+        return self.mapped_bytes()
+
+    def mapped_bytes(self) -> int:
+        """End of the last mapping: how much of the range is backed right now."""
         return self._mappings[-1][0] + self._mappings[-1][1] if self._mappings else 0
 
     def _synchronize(self) -> None:

@@ -243,6 +243,9 @@ class StubLibrary:
         self.path = entry.path
         self.key = entry.key
         self.lib = lib
+        #: the name of the verified open file (``/proc/self/fd/N``); give this, not ``path``, to
+        #: anything that ``dlopen``s by path (torch's CUDAPluggableAllocator)
+        self.loaded_path = lib._name
         self.timing = timing
         self._configure = lib.kvarena_configure
         self._configure.restype = ctypes.c_int
@@ -301,13 +304,15 @@ def load_stub(cache: Optional[stubcache.StubCache] = None) -> StubLibrary:
     if _spec is None:
         _spec = allocator_spec()
     entry = cache.get_or_build(_spec)
-    st = os.stat(entry.path)
-    ident = (st.st_dev, st.st_ino)
     with _load_lock:
+        lib = cache.load_entry(entry)
+        # The identity of the file actually loaded (the verified open fd), not of whatever the
+        # entry path names now: an entry replaced on disk must not alias a second slot table.
+        st = os.stat(lib._name)
+        ident = (st.st_dev, st.st_ino)
         found = _loaded.get(ident)
         if found is not None:
             return found
-        lib = cache.load_entry(entry)
         seconds = time.perf_counter() - t0
         built = entry.manifest.created >= t_wall - 1e-3 and bool(entry.manifest.created)
         timing = StubTiming(seconds, built, float(entry.manifest.build_seconds or 0.0),

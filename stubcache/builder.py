@@ -55,7 +55,7 @@ def build(spec: StubSpec, build_dir: str) -> BuildResult:
         library, out, deps = _build_direct(spec, build_dir)
     else:
         library, out, deps = _build_load_inline(spec, build_dir)
-    headers = tracked_headers(spec, deps)
+    headers = tracked_headers(spec, deps, exclude=build_dir)
     module_name = os.path.basename(library).split(".", 1)[0]
     return BuildResult(library, module_name, headers, spec.build_method, time.perf_counter() - t0, out)
 
@@ -217,16 +217,20 @@ def user_include_dirs(spec: StubSpec) -> list[str]:
     return [os.path.realpath(d) for d in dirs]
 
 
-def tracked_headers(spec: StubSpec, deps: list[str]) -> dict[str, str]:
-    """``{path: sha256}`` of every dependency under a user include directory."""
+def tracked_headers(spec: StubSpec, deps: list[str], exclude: str | None = None) -> dict[str, str]:
+    """``{path: sha256}`` of every dependency under a user include directory, except files of
+    the build itself (``exclude``: the staging directory may lie under an include directory)."""
     from .store import file_sha256
 
     dirs = [d.rstrip("/") + "/" for d in user_include_dirs(spec)]
     if not dirs:
         return {}
+    skip = os.path.realpath(exclude).rstrip("/") + "/" if exclude else None
     out: dict[str, str] = {}
     for dep in deps:
         real = os.path.realpath(dep)
+        if skip and real.startswith(skip):
+            continue
         if any(real.startswith(d) for d in dirs) and os.path.isfile(real):
             out[real] = file_sha256(real)
     return out

@@ -30,14 +30,16 @@ class Entry:
     for an entry served from a read-only ``STUBCACHE_SEED_DIRS`` store.
     """
 
-    __slots__ = ("key", "path", "manifest", "published", "seed")
+    __slots__ = ("key", "path", "manifest", "published", "seed", "root")
 
-    def __init__(self, key: str, path: str, manifest: Manifest, published: bool = True, seed: bool = False) -> None:
+    def __init__(self, key: str, path: str, manifest: Manifest, published: bool = True, seed: bool = False,
+                 root: str | None = None) -> None:
         self.key = key
         self.path = path
         self.manifest = manifest
         self.published = published
         self.seed = seed
+        self.root = root  # the store it came from (its trust policy applies); None: private build
 
     def __repr__(self) -> str:
         return f"Entry(key={self.key!r}, path={self.path!r})"
@@ -84,6 +86,7 @@ class StubCache:
         self._lib_fds: dict[str, int] = {}
         self._policies: dict[str, TrustPolicy] = {}
         self._mutex = threading.RLock()
+        self._key_locks: dict[str, threading.Lock] = {}
 
     # --- public API --------------------------------------------------------------------------
 
@@ -120,11 +123,19 @@ class StubCache:
             memo = self._memo.get(base)
             if memo is not None:
                 return memo
-        with self._mutex:
+        with self._key_lock(base):  # threads of this process: one build per key, others proceed
             entry = self._get_or_build(spec, base)
         if not spec.tracks_headers:
             self._memo[base] = entry  # private builds too: one per process is enough
         return entry
+
+    def loaded_path(self, entry: Entry) -> str:
+        """A path naming exactly the verified file this process loads for ``entry``
+        (``/proc/self/fd/N``). Hand it to APIs that ``dlopen`` by path, such as
+        ``torch.cuda.memory.CUDAPluggableAllocator`` or ``torch.ops.load_library``: glibc matches
+        the name and returns the same handle and state, even if the entry has since been removed
+        or replaced on disk."""
+        return self.load_entry(entry)._name
 
     def load(self, spec: StubSpec):
         """``get_or_build`` and ``dlopen`` the library; returns a ``ctypes.CDLL``."""
@@ -145,6 +156,13 @@ class StubCache:
             return ctypes.CDLL(f"/proc/self/fd/{fd}")
 
     # --- internals ---------------------------------------------------------------------------
+
+    def _key_lock(self, base: str) -> threading.Lock:
+        lock = self._key_locks.get(base)
+        if lock is None:
+            with self._mutex:
+                lock = self._key_locks.setdefault(base, threading.Lock())
+        return lock
 
     def _fingerprint(self, spec: StubSpec) -> dict:
         if not self.store._ready:
@@ -251,9 +269,11 @@ class StubCache:
         return self._lookup(self.store, spec, base)
 
     def _lookup(self, store: Store, spec: StubSpec, base: str, seed: bool = False) -> "Entry | _Corrupt | None":
-        keys = store.variant_keys(base) if spec.tracks_headers else [base]
-        if not keys:
-            return None
+        if spec.tracks_headers:
+            # Variants built with tracked headers, then the plain entry of a build that used none.
+            keys = store.variant_keys(base) + [base]
+        else:
+            keys = [base]
         for key in keys:
             try:
                 manifest = store.read_manifest(key)
@@ -271,7 +291,8 @@ class StubCache:
                 return _Corrupt(key, "manifest describes another key")
             if spec.tracks_headers and not headers_match(manifest.headers):
                 continue
-            entry = Entry(key, os.path.join(store.entry_dir(key), manifest.library), manifest, seed=seed)
+            entry = Entry(key, os.path.join(store.entry_dir(key), manifest.library), manifest, seed=seed,
+                          root=store.root)
             try:
                 policy = self._policy(store)
                 if not seed:
@@ -299,8 +320,7 @@ class StubCache:
         try:
             st = os.fstat(fd)
             if policy is None:
-                policy = self._policies.get(os.path.dirname(os.path.dirname(os.path.dirname(
-                    os.path.dirname(entry.path)))), private_policy())
+                policy = self._policy(Store(entry.root)) if entry.root else private_policy()
             policy.check(st, entry.path, "library")
             ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
             if self._verified.get(entry.path) != ident:

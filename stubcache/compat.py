@@ -38,24 +38,29 @@ def _import_entry(cache: StubCache, entry: Entry, is_python_module: bool) -> Any
     key = (entry.key, is_python_module)
     if entry.published and key in _modules:
         return _modules[key]
+    # Every load below goes through the name of the verified open file, so glibc hands back the
+    # checked handle even if the entry has since been replaced on disk.
+    fd_path = cache.loaded_path(entry)
     if entry.manifest.build_method == "direct":
-        cache.load_entry(entry)
         result: Any = entry.path
     else:
         import torch  # a torch-header library needs libtorch and its Python bindings loaded
 
-        cache.load_entry(entry)  # dlopen the checked file first; the loads below reuse the handle
         if is_python_module:
+            import importlib.machinery
             import importlib.util
 
-            spec = importlib.util.spec_from_file_location(entry.manifest.module_name, entry.path)
-            if spec is None or spec.loader is None:
+            name = entry.manifest.module_name
+            loader = importlib.machinery.ExtensionFileLoader(name, fd_path)
+            spec = importlib.util.spec_from_file_location(name, fd_path, loader=loader)
+            if spec is None:
                 raise ImportError(f"cannot import {entry.path}")
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
+            module.__file__ = entry.path
             result = module
         else:
-            torch.ops.load_library(entry.path)
+            torch.ops.load_library(fd_path)
             result = entry.path
     if entry.published:
         _modules[key] = result

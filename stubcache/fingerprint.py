@@ -177,9 +177,11 @@ def _libc() -> str:
 def base_fingerprint(state_dir: str | None) -> dict[str, Any]:
     """The process-wide fingerprint (torch, C++ compiler, Python, platform, env, format)."""
     global _base
-    if _base is not None:
-        return _base
     env = {k: os.environ[k] for k in KEY_ENV_VARS if k in os.environ}
+    if _base is not None and _base["env"] == env:
+        return _base
+    # First call, or the process changed CXX/TORCH_CUDA_ARCH_LIST/...: builds read the live
+    # environment, so the key must too (the compiler identity stays memoised per CXX value).
     fp = {
         "format": FORMAT_VERSION,
         "torch": _torch_facts(state_dir),

@@ -178,8 +178,6 @@ class StubSpec:
         if builder == "direct" and not self._direct_ok():
             raise ValueError(f"stub {name!r} cannot take the direct build path: it needs torch headers, "
                              "a Python module or CUDA")
-        if self.functions and not self.is_python_module:
-            raise ValueError("functions= generates Python bindings; it needs is_python_module=True")
         if not self.cpp_sources and not self.cuda_sources:
             raise ValueError("a stub needs at least one of cpp_sources or cuda_sources")
         self._canonical: dict | None = None

@@ -153,6 +153,10 @@ class Store:
         os.chmod(os.path.join(staged_entry, MANIFEST_NAME), 0o444)
         os.chmod(os.path.join(staged_entry, manifest.library), 0o555)
         os.chmod(staged_entry, self.mode(0o755, 0o2775))
+        if manifest.key != manifest.base_key:
+            # The marker goes first: a marker without an entry is skipped by lookups, while an
+            # entry without its marker (a crash in between) would never be found again.
+            self.add_variant(manifest.base_key, manifest.key)
         target = self.entry_dir(manifest.key)
         try:
             os.rename(staged_entry, target)
@@ -160,12 +164,20 @@ class Store:
             if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
                 return False
             raise
-        if manifest.key != manifest.base_key or manifest.headers:
-            vdir = os.path.join(self.base, "variants", manifest.base_key)
-            os.makedirs(vdir, mode=0o700, exist_ok=True)
-            open(os.path.join(vdir, manifest.key), "a").close()
         self.touch_pin(manifest.key)
         return True
+
+    def add_variant(self, base: str, key: str) -> None:
+        """Record that entry ``key`` was built from base key ``base`` (with tracked headers)."""
+        vdir = os.path.join(self.base, "variants", base)
+        try:
+            os.mkdir(vdir, self.mode(0o700, 0o2770))
+            if self.shared:
+                os.chmod(vdir, 0o2770)
+        except FileExistsError:
+            pass
+        fd = os.open(os.path.join(vdir, key), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, self.mode(0o600, 0o660))
+        os.close(fd)
 
     # --- removal -----------------------------------------------------------------------------
 

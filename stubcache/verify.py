@@ -82,11 +82,32 @@ def verify_store(store: Store, quarantine: bool = True) -> list[VerifyResult]:
 
     results = []
     policy = load_policy(store.base)
+    store.shared = policy.shared
     for key in store.entry_keys():
         res = check_entry(store, key, policy)
         if res.status == "bad" and quarantine:
-            res.quarantined_to = store.quarantine(key, f"stubcache verify: {res.detail}")
+            res = _quarantine_locked(store, key, policy, res)
             if res.quarantined_to:
                 events.record(store.path("events"), "quarantine", key, reason=res.detail, by="verify")
         results.append(res)
     return results
+
+
+def _quarantine_locked(store: Store, key: str, policy: TrustPolicy, res: VerifyResult) -> VerifyResult:
+    """Quarantine under the entry's build lock, after checking again: a builder may have
+    replaced the bad entry with a good one between our check and the move."""
+    import filelock
+
+    try:
+        base = store.read_manifest(key).base_key
+    except (OSError, ValueError):
+        base = key
+    lock = filelock.FileLock(store.lock_path(str(base)), mode=store.mode(0o600, 0o660), thread_local=False)
+    try:
+        with lock.acquire(timeout=60):
+            res = check_entry(store, key, policy)
+            if res.status == "bad":
+                res.quarantined_to = store.quarantine(key, f"stubcache verify: {res.detail}")
+    except filelock.Timeout:
+        res.detail += " (not quarantined: its build lock stayed busy)"
+    return res

@@ -292,3 +292,24 @@ def test_cli_init_shared_then_members_verify_each_others_entries(test_users):
         assert bad.returncode == 2 and "--group" in bad.stderr
     finally:
         shutil.rmtree(parent, ignore_errors=True)
+
+
+def test_shared_root_header_tracked_entries_serve_other_members(shared_root, test_users):
+    inc = shared_root.parent / "inc"
+    inc.mkdir()
+    (inc / "h.h").write_text("#define H 31\n")
+    inc.chmod(0o755)
+    code = """
+    import os, stubcache
+    spec = stubcache.StubSpec("hdr", '#include "h.h"\\nextern "C" int value(void) { return H; }\\n',
+                              extra_include_paths=[os.environ["INC"]])
+    e = stubcache.StubCache().get_or_build(spec)
+    print(stubcache.StubCache().load_entry(e).value(), e.key)
+    """
+    env = {"STUBCACHE_DIR": str(shared_root), "INC": str(inc)}
+    a = run_as(test_users["alice"], code, env)
+    assert a.returncode == 0, a.stderr
+    b = run_as(test_users["bob"], code, env)
+    assert b.returncode == 0, b.stderr
+    assert a.stdout.split() == b.stdout.split() and a.stdout.split()[0] == "31"
+    assert len(os.listdir(shared_root / "v1" / "entries")) == 1

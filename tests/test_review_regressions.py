@@ -1,0 +1,94 @@
+"""Regressions for defects found in review: header-tracking specs that track nothing, a crash
+between the variant marker and the entry, loading by a replaced path, one build blocking other
+keys in the same process, and an environment changed after the first call."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import threading
+
+import stubcache
+from stubcache import StubCache, StubSpec
+
+
+def src(n: int) -> str:
+    return f'extern "C" int value(void) {{ return {n}; }}\n'
+
+
+def test_include_dir_without_used_headers(cache_root, cxx, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for _ in range(2):
+        cache = StubCache()
+        entry = cache.get_or_build(StubSpec("noinc", src(3), extra_include_paths=[str(empty)]))
+        assert cache.load_entry(entry).value() == 3
+        assert entry.manifest.headers == {}
+    assert cxx.compiles() == 1
+
+
+def test_load_of_a_self_contained_file(cache_root, cxx, tmp_path):
+    f = tmp_path / "solo.cpp"
+    f.write_text(src(4))
+    for _ in range(2):
+        path = stubcache.load("solo", [str(f)], is_python_module=False)
+        assert ctypes.CDLL(path).value() == 4
+    assert cxx.compiles() == 1
+
+
+def test_lost_variant_marker_recovers(cache_root, cxx, tmp_path):
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "v.h").write_text("#define V 8\n")
+    spec = lambda: StubSpec("marker", '#include "v.h"\nextern "C" int value(void) { return V; }\n',
+                            extra_include_paths=[str(inc)])
+    e1 = StubCache().get_or_build(spec())
+    shutil.rmtree(cache_root / "v1" / "variants")  # as if killed between marker and rename
+    cache = StubCache()
+    e2 = cache.get_or_build(spec())
+    assert e2.key == e1.key and cache.load_entry(e2).value() == 8
+    assert StubCache().get_or_build(spec()).key == e1.key
+
+
+COUNTER = 'static int n; extern "C" int bump(void) { return ++n; }\n'
+
+
+def test_loaded_path_names_the_verified_file_after_replacement(cache_root):
+    cache = StubCache()
+    entry = cache.get_or_build(StubSpec("counter", COUNTER))
+    assert cache.load_entry(entry).bump() == 1
+    fd_path = cache.loaded_path(entry)
+    # Someone quarantines the entry and another process rebuilds it at the same path.
+    cache.store.quarantine(entry.key, "test")
+    StubCache().get_or_build(StubSpec("counter", COUNTER))
+    assert ctypes.CDLL(fd_path).bump() == 2  # same handle, same state: the file we verified
+    assert ctypes.CDLL(entry.path).bump() == 1  # the path now names a different file
+
+
+def test_a_slow_build_does_not_block_other_keys_in_the_process(cache_root, cxx, tmp_path, monkeypatch):
+    cache = StubCache()
+    ready = cache.get_or_build(StubSpec("fast", src(1)))
+    mark = tmp_path / "compiling"
+    monkeypatch.setenv("STUBCACHE_TEST_CXX_SLEEP", "5")
+    monkeypatch.setenv("STUBCACHE_TEST_CXX_MARK", str(mark))
+    slow = threading.Thread(target=lambda: cache.get_or_build(StubSpec("slow", src(2))))
+    slow.start()
+    while not mark.exists():
+        slow.join(0.01)
+    other = StubCache()  # a fresh memo, so the hit really goes through lookup and verify
+    other._key_locks = cache._key_locks
+    assert cache.get_or_build(StubSpec("fast", src(1))).key == ready.key
+    assert cache.load_entry(ready).value() == 1
+    assert slow.is_alive()  # the hit and the load finished while the slow build was running
+    slow.join()
+
+
+def test_environment_changed_after_first_call_changes_the_key(cache_root, monkeypatch):
+    cache = StubCache()
+    spec = StubSpec("envkey", src(1))
+    k1 = cache.get_or_build(spec).key
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    k2 = cache.get_or_build(StubSpec("envkey", src(1))).key
+    assert k1 != k2
+    assert cache.preimage(spec)["fingerprint"]["env"]["TORCH_CUDA_ARCH_LIST"] == "9.0"
