@@ -333,6 +333,8 @@ def _run_plan(args: argparse.Namespace, policy) -> int:
     plan = plan_prune(scan, policy, fp)
     if args.dry_run or not plan.removals:
         _print_plan(plan, args, executed=False, dry_run=True)
+        if not args.dry_run:
+            _compact_events(args, store, policy)
         return EXIT_OK
     if not args.yes:
         if args.format != "json":
@@ -344,8 +346,20 @@ def _run_plan(args: argparse.Namespace, policy) -> int:
             return EXIT_ABORTED
     execute_plan(store, plan)
     _print_plan(plan, args, executed=True, dry_run=False)
+    _compact_events(args, store, policy)
     failed = [i for i in plan.items if i.outcome and i.outcome.startswith("failed")]
     return EXIT_PROBLEMS if failed else EXIT_OK
+
+
+def _compact_events(args: argparse.Namespace, store, policy) -> None:
+    """Part of removing leftovers: one archive instead of an event file per finished process."""
+    if not policy.leftovers or not os.path.isdir(store.path("events")):
+        return
+    from .stats import compact_events
+
+    merged = compact_events(store.path("events"), store.lock_path("events-compact"), store.mode(0o600, 0o640))
+    if merged and not args.quiet and args.format != "json":
+        _out(f"merged the event files of {merged} finished processes into one archive")
 
 
 def cmd_prune(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
@@ -69,6 +70,9 @@ class EventTotals:
         elif ev == "private_build":
             self.private_builds += 1
             self.private_build_seconds += s
+        elif ev == "archive":
+            n = rec.get("processes")
+            self.processes += int(n) if isinstance(n, int) else 0
 
 
 def fold_lines(lines: Iterable[bytes], totals: EventTotals) -> None:
@@ -101,9 +105,76 @@ def fold_events(events_dir: str) -> EventTotals:
                 data = fh.read()
         except OSError:
             continue
-        totals.processes += 1
+        if not name.startswith(ARCHIVE_PREFIX):
+            totals.processes += 1  # an archive says how many processes it holds
         fold_lines(data.split(b"\n"), totals)
     return totals
+
+
+ARCHIVE_PREFIX = "archive-"
+
+
+def _finished(name: str, host: str) -> bool:
+    """An event file that no live process appends to any more (archives included)."""
+    from .scan import pid_alive
+
+    if name.startswith(ARCHIVE_PREFIX):
+        return True
+    parts = name[:-len(".jsonl")].rsplit("-", 2)
+    return len(parts) == 3 and parts[0] == host and parts[1].isdigit() and not pid_alive(int(parts[1]))
+
+
+def compact_events(events_dir: str, lock_path: str, file_mode: int = 0o600) -> int:
+    """Merge the event files of finished processes on this host into one archive file, so the
+    directory does not grow by a file per process start. Returns how many files were merged.
+
+    Lines are kept as they are (``stats`` folds an archive like any other file); a header line
+    carries the number of processes. Skipped when another compaction holds ``lock_path``.
+    """
+    import filelock
+
+    host = os.uname().nodename
+    lock = filelock.FileLock(lock_path, mode=file_mode, thread_local=False)
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        return 0
+    try:
+        names = sorted(n for n in os.listdir(events_dir) if n.endswith(".jsonl") and _finished(n, host))
+        if len(names) < 2:
+            return 0
+        totals = EventTotals()
+        chunks: list[bytes] = []
+        for name in names:
+            try:
+                with open(os.path.join(events_dir, name), "rb") as fh:
+                    data = fh.read()
+            except OSError:
+                continue
+            before = totals.processes
+            fold_lines(data.split(b"\n"), totals)  # only to count the processes inside archives
+            if not name.startswith(ARCHIVE_PREFIX):
+                totals.processes = before + 1
+            chunks.extend(ln for ln in data.split(b"\n") if ln.strip()
+                          and not ln.startswith(b'{"ev":"archive"'))
+        header = json.dumps({"ev": "archive", "processes": totals.processes}, separators=(",", ":")).encode()
+        out = os.path.join(events_dir, f"{ARCHIVE_PREFIX}{int(time.time())}-{os.getpid()}.jsonl")
+        tmp = out + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, file_mode)
+        try:
+            os.write(fd, b"\n".join([header, *chunks]) + b"\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, out)
+        for name in names:
+            try:
+                os.unlink(os.path.join(events_dir, name))
+            except FileNotFoundError:
+                pass
+        return len(names)
+    finally:
+        lock.release()
 
 
 @dataclass

@@ -92,3 +92,40 @@ def test_environment_changed_after_first_call_changes_the_key(cache_root, monkey
     k2 = cache.get_or_build(StubSpec("envkey", src(1))).key
     assert k1 != k2
     assert cache.preimage(spec)["fingerprint"]["env"]["TORCH_CUDA_ARCH_LIST"] == "9.0"
+
+
+def test_prune_merges_event_files_of_finished_processes(cache_root):
+    import json
+    import subprocess
+    import sys
+
+    from .conftest import run_py
+
+    code = """
+    import os, stubcache
+    stubcache.StubCache().load(stubcache.StubSpec("ev" + os.environ["N"], 'extern "C" int f(void){return 1;}'))
+    stubcache.StubCache().load(stubcache.StubSpec("ev0", 'extern "C" int f(void){return 1;}'))
+    """
+    for n in range(3):
+        run_py(code, env={"N": str(n)})
+    cli = [sys.executable, "-m", "stubcache", "--cache-dir", str(cache_root)]
+
+    def stats():
+        out = subprocess.run(cli + ["stats", "--format", "json"], capture_output=True, text=True, check=True).stdout
+        data = json.loads(out)
+        return {k: data[k] for k in ("hits", "misses", "builds", "processes")}
+
+    before = stats()
+    assert before["processes"] == 3 and before["builds"] == 3
+    events = cache_root / "v1" / "events"
+    assert len(list(events.glob("*.jsonl"))) == 3
+    pr = subprocess.run(cli + ["prune", "--yes"], capture_output=True, text=True)
+    assert pr.returncode == 0, pr.stderr
+    assert "merged the event files of 3" in pr.stdout
+    assert [p.name.startswith("archive-") for p in events.glob("*.jsonl")] == [True]
+    assert stats() == before
+    run_py(code, env={"N": "9"})
+    subprocess.run(cli + ["prune", "--yes"], capture_output=True, text=True, check=True)
+    after = stats()
+    assert len(list(events.glob("*.jsonl"))) == 1
+    assert after["processes"] == 4 and after["builds"] == 4 and after["hits"] == before["hits"] + 1
