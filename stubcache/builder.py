@@ -13,21 +13,16 @@ Both link with ``-Wl,--as-needed`` so a stub that does not use torch does not ne
 
 from __future__ import annotations
 
-import glob
-import inspect
-import logging
 import os
-import shlex
-import shutil
 import subprocess
 import threading
 import time
 
+from . import _log
 from .errors import BuildError
 from .fingerprint import torch_dir
 from .spec import StubSpec
 
-log = logging.getLogger("stubcache")
 
 AS_NEEDED = "-Wl,--as-needed"
 _torch_lock = threading.Lock()
@@ -98,6 +93,8 @@ def _build_direct(spec: StubSpec, build_dir: str) -> tuple[str, str, list[str]]:
     except OSError as exc:
         raise BuildError(f"cannot run the compiler {cmd[0]!r}: {exc}; set CXX or install a C++ compiler",
                          name=spec.name) from None
+    import shlex
+
     out = proc.stdout.decode("utf-8", "replace")
     text = "$ " + shlex.join(cmd) + "\n" + out
     if proc.returncode != 0 or not os.path.isfile(output):
@@ -142,6 +139,9 @@ def _parse_depfile(path: str) -> list[str]:
 
 def _build_load_inline(spec: StubSpec, build_dir: str) -> tuple[str, str, list[str]]:
     global _warned_no_implicit
+    import glob
+    import inspect
+
     try:
         import torch.utils.cpp_extension as cpp_ext
     except ImportError as exc:
@@ -166,7 +166,7 @@ def _build_load_inline(spec: StubSpec, build_dir: str) -> tuple[str, str, list[s
             kwargs["no_implicit_headers"] = True
         elif not _warned_no_implicit:
             _warned_no_implicit = True
-            log.warning("stubcache: this torch has no load_inline(no_implicit_headers=); "
+            _log.warning("stubcache: this torch has no load_inline(no_implicit_headers=); "
                         "stubs are built with torch's implicit headers (slow). Upgrade to torch>=2.8.")
     with _torch_lock:
         # torch renames a second build of one name in a process to <name>_v1 (its in-memory
@@ -192,6 +192,8 @@ def _build_load_inline(spec: StubSpec, build_dir: str) -> tuple[str, str, list[s
 
 
 def _ninja_deps(build_dir: str) -> list[str]:
+    import shutil
+
     ninja = shutil.which("ninja")
     if not ninja:
         return []

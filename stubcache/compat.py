@@ -11,7 +11,17 @@ from .cache import Entry, StubCache
 from .spec import StubSpec
 
 _caches: dict[str, StubCache] = {}
-_modules: dict[str, Any] = {}
+_modules: dict[tuple, Any] = {}
+_call_memo: dict[tuple, Any] = {}
+
+
+def _frozen(value: Any) -> Any:
+    """A hashable form of a load_inline argument (lists become tuples, dicts sorted items)."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    return value
 _lock = threading.Lock()
 
 
@@ -99,6 +109,22 @@ def load_inline(
     """
     _unsupported(sycl_sources=sycl_sources, extra_sycl_cflags=extra_sycl_cflags, with_sycl=with_sycl,
                  gil_not_used=gil_not_used)
+    from .fingerprint import _env_snapshot
+    from .store import default_root
+
+    # Repeated calls with the same arguments (engines call this per layer or per request) skip
+    # validation and hashing: torch returns the already-loaded module in that case too.
+    memo_key = None
+    try:
+        memo_key = (default_root(), _env_snapshot(), name, _frozen(cpp_sources), _frozen(cuda_sources),
+                    _frozen(functions), _frozen(extra_cflags), _frozen(extra_cuda_cflags),
+                    _frozen(extra_ldflags), _frozen(extra_include_paths), with_cuda, is_python_module,
+                    with_pytorch_error_handling, no_implicit_headers)
+        hit = _call_memo.get(memo_key)
+    except TypeError:  # unhashable odd input: the spec below reports it properly
+        hit = None
+    if hit is not None:
+        return hit
     spec = StubSpec(
         name, cpp_sources, cuda_sources=cuda_sources, functions=functions, extra_cflags=extra_cflags,
         extra_cuda_cflags=extra_cuda_cflags, extra_ldflags=extra_ldflags,
@@ -110,7 +136,10 @@ def load_inline(
     entry = cache.get_or_build(spec)
     if verbose:
         _log.info("stubcache: %s -> %s (%s)", name, entry.path, entry.manifest.build_method)
-    return _import_entry(cache, entry, is_python_module)
+    result = _import_entry(cache, entry, is_python_module)
+    if memo_key is not None and entry.published and not spec.tracks_headers:
+        _call_memo[memo_key] = result
+    return result
 
 
 _CUDA_EXT = (".cu", ".cuh")

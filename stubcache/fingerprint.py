@@ -33,6 +33,17 @@ KEY_ENV_VARS = (
 
 _lock = threading.Lock()
 _base: dict[str, Any] | None = None
+_env_snap: tuple | None = None
+_ENV_DATA = getattr(os.environ, "_data", None)  # CPython: the raw bytes mapping behind os.environ
+_ENV_KEYS_RAW = tuple(os.environ.encodekey(k) for k in KEY_ENV_VARS) if _ENV_DATA is not None else ()
+
+
+def _env_snapshot() -> tuple:
+    """The key environment variables' raw values: a few dict lookups, cheap enough for every call."""
+    if _ENV_DATA is not None:
+        get = _ENV_DATA.get
+        return tuple([get(k) for k in _ENV_KEYS_RAW])
+    return tuple([os.environ.get(k) for k in KEY_ENV_VARS])
 _compilers: dict[str, dict[str, Any]] = {}
 _torch_dir: str | None = None
 
@@ -176,10 +187,12 @@ def _libc() -> str:
 
 def base_fingerprint(state_dir: str | None) -> dict[str, Any]:
     """The process-wide fingerprint (torch, C++ compiler, Python, platform, env, format)."""
-    global _base
-    env = {k: os.environ[k] for k in KEY_ENV_VARS if k in os.environ}
-    if _base is not None and _base["env"] == env:
+    global _base, _env_snap
+    snap = _env_snapshot()
+    if _base is not None and snap == _env_snap:
         return _base
+    env = {k: os.environ[k] for k in KEY_ENV_VARS if k in os.environ}
+    _env_snap = snap
     # First call, or the process changed CXX/TORCH_CUDA_ARCH_LIST/...: builds read the live
     # environment, so the key must too (the compiler identity stays memoised per CXX value).
     fp = {
@@ -213,8 +226,9 @@ def cuda_fingerprint(state_dir: str | None) -> dict[str, Any]:
 
 def reset_for_tests() -> None:
     """Forget the per-process fingerprint (tests change ``CXX`` within one process)."""
-    global _base, _torch_dir
+    global _base, _torch_dir, _env_snap
     with _lock:
         _base = None
+        _env_snap = None
         _torch_dir = None
         _compilers.clear()

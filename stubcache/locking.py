@@ -3,14 +3,13 @@ file that tells waiters who holds the build."""
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 
+from . import _log
 from .errors import LockTimeoutError
 from .store import Store
 
-log = logging.getLogger("stubcache")
 
 DEFAULT_LOCK_TIMEOUT = 600.0
 NOTICE_AFTER = 5.0
@@ -39,15 +38,55 @@ def describe_holder(store: Store, base: str) -> str:
     return f"pid {lease.get('pid')} on {lease.get('host')} ({lease.get('name')}{age})"
 
 
-def acquire(store: Store, base: str, timeout: float, name: str):
-    """Acquire the build lock of ``base``; returns the held ``filelock.FileLock``.
+class _HeldFlock:
+    """An uncontended build lock taken with one ``flock`` call (the same kernel lock that
+    filelock takes on the same file): saves importing filelock (~14 ms) on every cold build."""
 
-    Logs once, after a few seconds, which process holds the build. Raises
-    :class:`LockTimeoutError` after ``timeout`` seconds.
+    __slots__ = ("fd",)
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)  # closing the only fd drops the flock
+            self.fd = -1
+
+
+def _try_uncontended(store: Store, base: str):
+    import errno
+    import fcntl
+
+    fd = os.open(store.lock_path(base), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 store.mode(0o600, 0o660))
+    try:
+        if store.shared:
+            try:
+                os.fchmod(fd, 0o660)
+            except OSError:
+                pass  # another member's file: already 0660
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return None
+        raise
+    return _HeldFlock(fd)
+
+
+def acquire(store: Store, base: str, timeout: float, name: str):
+    """Acquire the build lock of ``base``; returns an object with ``release()``.
+
+    An uncontended lock is one non-blocking ``flock``; when another process holds it, the bounded
+    wait goes through ``filelock.FileLock`` on the same file. Logs once, after a few seconds,
+    which process holds the build. Raises :class:`LockTimeoutError` after ``timeout`` seconds.
     """
+    store.ensure()
+    held = _try_uncontended(store, base)
+    if held is not None:
+        return held
     import filelock
 
-    store.ensure()
     lock = filelock.FileLock(store.lock_path(base), mode=store.mode(0o600, 0o660), thread_local=False)
     deadline = time.monotonic() + timeout
     first = min(NOTICE_AFTER, timeout)
@@ -61,7 +100,7 @@ def acquire(store: Store, base: str, timeout: float, name: str):
     if remaining <= 0:
         raise LockTimeoutError(f"timed out after {timeout:.0f}s waiting for the build of {name!r} "
                                f"(key {base}) held by {holder}; raise STUBCACHE_LOCK_TIMEOUT if builds are slow")
-    log.warning("stubcache: waiting for %s to finish building %r (key %s)", holder, name, base)
+    _log.warning("stubcache: waiting for %s to finish building %r (key %s)", holder, name, base)
     try:
         lock.acquire(timeout=remaining, poll_interval=0.05)
     except filelock.Timeout:

@@ -94,6 +94,9 @@ class Store:
         """Create the root (0700) and its sub-directories if missing."""
         if self._ready:
             return
+        if os.path.isdir(os.path.join(self.base, SUBDIRS[-1])):  # the last one made: all exist
+            self._ready = True
+            return
         os.makedirs(self.root, mode=0o700, exist_ok=True)
         try:
             os.mkdir(self.base, 0o700)
@@ -170,6 +173,7 @@ class Store:
     def add_variant(self, base: str, key: str) -> None:
         """Record that entry ``key`` was built from base key ``base`` (with tracked headers)."""
         vdir = os.path.join(self.base, "variants", base)
+        os.makedirs(os.path.dirname(vdir), mode=0o700, exist_ok=True)
         try:
             os.mkdir(vdir, self.mode(0o700, 0o2770))
             if self.shared:

@@ -44,7 +44,8 @@ def test_lost_variant_marker_recovers(cache_root, cxx, tmp_path):
     spec = lambda: StubSpec("marker", '#include "v.h"\nextern "C" int value(void) { return V; }\n',
                             extra_include_paths=[str(inc)])
     e1 = StubCache().get_or_build(spec())
-    shutil.rmtree(cache_root / "v1" / "variants")  # as if killed between marker and rename
+    for marker_dir in (cache_root / "v1" / "variants").iterdir():  # as if the marker was never written
+        shutil.rmtree(marker_dir)
     cache = StubCache()
     e2 = cache.get_or_build(spec())
     assert e2.key == e1.key and cache.load_entry(e2).value() == 8
