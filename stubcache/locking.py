@@ -1,8 +1,10 @@
-"""The per-key build lock: a kernel ``flock`` through ``filelock``, bounded waiting, and a lease
-file that tells waiters who holds the build."""
+"""The per-key build lock: a kernel ``flock`` (released by the kernel when its holder dies),
+bounded waiting, and a lease file that tells waiters who holds the build."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import time
 
@@ -38,9 +40,9 @@ def describe_holder(store: Store, base: str) -> str:
     return f"pid {lease.get('pid')} on {lease.get('host')} ({lease.get('name')}{age})"
 
 
-class _HeldFlock:
-    """An uncontended build lock taken with one ``flock`` call (the same kernel lock that
-    filelock takes on the same file): saves importing filelock (~14 ms) on every cold build."""
+class HeldLock:
+    """A held build lock: an open fd with an exclusive ``flock`` (the kernel drops it if the
+    process dies). ``release()`` closes the fd."""
 
     __slots__ = ("fd",)
 
@@ -53,59 +55,59 @@ class _HeldFlock:
             self.fd = -1
 
 
-def _try_uncontended(store: Store, base: str):
-    import errno
-    import fcntl
-
+def _open_lock_file(store: Store, base: str) -> int:
     fd = os.open(store.lock_path(base), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                  store.mode(0o600, 0o660))
+    if store.shared:
+        try:
+            os.fchmod(fd, 0o660)
+        except OSError:
+            pass  # another member's file: already 0660
+    return fd
+
+
+def _try_flock(fd: int) -> bool:
     try:
-        if store.shared:
-            try:
-                os.fchmod(fd, 0o660)
-            except OSError:
-                pass  # another member's file: already 0660
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
-        os.close(fd)
         if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            return None
+            return False
         raise
-    return _HeldFlock(fd)
+    return True
 
 
-def acquire(store: Store, base: str, timeout: float, name: str):
-    """Acquire the build lock of ``base``; returns an object with ``release()``.
+def acquire(store: Store, base: str, timeout: float, name: str) -> HeldLock:
+    """Acquire the build lock of ``base`` (``locks/<base>.lock``); returns a :class:`HeldLock`.
 
-    An uncontended lock is one non-blocking ``flock``; when another process holds it, the bounded
-    wait goes through ``filelock.FileLock`` on the same file. Logs once, after a few seconds,
-    which process holds the build. Raises :class:`LockTimeoutError` after ``timeout`` seconds.
+    The lock is a kernel ``flock`` on that file (the same lock ``filelock.FileLock`` takes), tried
+    without blocking and re-tried every 10-50 ms until ``timeout``: a bounded wait. This is done
+    here rather than through filelock because importing filelock costs ~14 ms, paid by every
+    waiting process of a start-up herd (see docs/performance.md). Logs once, after a few
+    seconds, which process holds the build; raises :class:`LockTimeoutError` after ``timeout``.
     """
     store.ensure()
-    held = _try_uncontended(store, base)
-    if held is not None:
-        return held
-    import filelock
-
-    lock = filelock.FileLock(store.lock_path(base), mode=store.mode(0o600, 0o660), thread_local=False)
-    deadline = time.monotonic() + timeout
-    first = min(NOTICE_AFTER, timeout)
+    fd = _open_lock_file(store, base)
     try:
-        lock.acquire(timeout=first, poll_interval=0.02)
-        return lock
-    except filelock.Timeout:
-        pass
-    holder = describe_holder(store, base)
-    remaining = deadline - time.monotonic()
-    if remaining <= 0:
-        raise LockTimeoutError(f"timed out after {timeout:.0f}s waiting for the build of {name!r} "
-                               f"(key {base}) held by {holder}; raise STUBCACHE_LOCK_TIMEOUT if builds are slow")
-    _log.warning("stubcache: waiting for %s to finish building %r (key %s)", holder, name, base)
-    try:
-        lock.acquire(timeout=remaining, poll_interval=0.05)
-    except filelock.Timeout:
-        raise LockTimeoutError(
-            f"timed out after {timeout:.0f}s waiting for the build of {name!r} (key {base}) held by "
-            f"{describe_holder(store, base)}; raise STUBCACHE_LOCK_TIMEOUT if builds are slow"
-        ) from None
-    return lock
+        if _try_flock(fd):
+            return HeldLock(fd)
+        start = time.monotonic()
+        deadline = start + timeout
+        notice_at = start + NOTICE_AFTER
+        delay = 0.01
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                raise LockTimeoutError(
+                    f"timed out after {timeout:.0f}s waiting for the build of {name!r} (key {base}) held "
+                    f"by {describe_holder(store, base)}; raise STUBCACHE_LOCK_TIMEOUT if builds are slow")
+            if notice_at is not None and now >= notice_at:
+                notice_at = None
+                _log.warning("stubcache: waiting for %s to finish building %r (key %s)",
+                             describe_holder(store, base), name, base)
+            time.sleep(min(delay, max(deadline - now, 0.0)))
+            delay = min(delay * 1.5, 0.05)
+            if _try_flock(fd):
+                return HeldLock(fd)
+    except BaseException:
+        os.close(fd)
+        raise

@@ -17,6 +17,7 @@ Layout under ``<root>/v1/``::
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -246,8 +247,6 @@ class Store:
         """Take a shared flock on the entry's pin file and return the fd (keep it open while the
         library may be in use: the kernel drops the lock when the process dies). Also refreshes
         the last-used stamp at most once per ``LAST_USED_INTERVAL``."""
-        import fcntl
-
         while True:
             fd = self._open_pin(key)
             try:
