@@ -210,9 +210,22 @@ class StubCache:
 
         timeout = self._lock_timeout if self._lock_timeout is not None else locking.lock_timeout_from_env()
         t_wait = time.time()
+        if spec.tracks_headers:
+            def published() -> bool:
+                return bool(self.store.variant_keys(base)) or os.path.isdir(self.store.entry_dir(base))
+        else:
+            def published() -> bool:
+                return os.path.isdir(self.store.entry_dir(base))
         try:
             self.store.ensure()
-            lock = locking.acquire(self.store, base, timeout, spec.name)
+            lock = locking.acquire(self.store, base, timeout, spec.name, published)
+            if lock is None:  # published while we waited: a plain lookup, no lock queue
+                found = self._lookup(self.store, spec, base)
+                if isinstance(found, Entry):
+                    self._event("wait", base, time.time() - t_wait, name=spec.name)
+                    self._event("hit", found.key, name=spec.name, after_wait=True)
+                    return found
+                lock = locking.acquire(self.store, base, max(timeout - (time.time() - t_wait), 0.0), spec.name)
         except LockTimeoutError as exc:
             _log.warning("stubcache: %s; building privately without publishing", exc)
             self._event("lock_timeout", base, time.time() - t_wait, name=spec.name)

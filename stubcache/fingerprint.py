@@ -8,6 +8,7 @@ fresh process starts no subprocess.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -111,20 +112,41 @@ def _cxx11_abi(tdir: str, state_dir: str | None) -> int | None:
     return _memo(state_dir, memo_key, compute).get("abi")
 
 
+def _read_memo(path: str, memo_key: str):
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+        if data.get("memo_key") == memo_key:
+            return data["value"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    return None
+
+
 def _memo(state_dir: str | None, memo_key: str, compute) -> dict:
-    """A tiny on-disk memo for expensive, deterministic toolchain facts."""
+    """A tiny on-disk memo for expensive, deterministic toolchain facts.
+
+    On a miss, one process computes under a ``flock`` on ``<memo>.lock`` while the others wait
+    and read its result: a herd starting on a cold host runs ``c++ --version`` once, not N times.
+    """
     name = hashlib.sha256(memo_key.encode()).hexdigest()[:32] + ".json"
     path = os.path.join(state_dir, name) if state_dir else None
-    if path:
-        try:
-            with open(path, encoding="utf-8") as fh:
-                data = json.load(fh)
-            if data.get("memo_key") == memo_key:
-                return data["value"]
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
-    value = compute()
-    if path:
+    if path is None:
+        return compute()
+    value = _read_memo(path, memo_key)
+    if value is not None:
+        return value
+    try:
+        lock_fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        lock_fd = -1  # read-only root or another user's lock file: compute without sharing
+    try:
+        if lock_fd >= 0:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)  # bounded: the holder's probe has a timeout
+            value = _read_memo(path, memo_key)
+            if value is not None:
+                return value
+        value = compute()
         try:
             tmp = f"{path}.{os.getpid()}.tmp"
             with open(tmp, "w", encoding="utf-8") as fh:
@@ -132,7 +154,10 @@ def _memo(state_dir: str | None, memo_key: str, compute) -> dict:
             os.replace(tmp, path)
         except OSError:
             pass
-    return value
+        return value
+    finally:
+        if lock_fd >= 0:
+            os.close(lock_fd)
 
 
 def which(command: str) -> str | None:

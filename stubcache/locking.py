@@ -76,14 +76,19 @@ def _try_flock(fd: int) -> bool:
     return True
 
 
-def acquire(store: Store, base: str, timeout: float, name: str) -> HeldLock:
+def acquire(store: Store, base: str, timeout: float, name: str, published=None) -> HeldLock | None:
     """Acquire the build lock of ``base`` (``locks/<base>.lock``); returns a :class:`HeldLock`.
 
     The lock is a kernel ``flock`` on that file (the same lock ``filelock.FileLock`` takes), tried
-    without blocking and re-tried every 10-50 ms until ``timeout``: a bounded wait. This is done
+    without blocking and re-tried every 5-20 ms until ``timeout``: a bounded wait. This is done
     here rather than through filelock because importing filelock costs ~14 ms, paid by every
     waiting process of a start-up herd (see docs/performance.md). Logs once, after a few
     seconds, which process holds the build; raises :class:`LockTimeoutError` after ``timeout``.
+
+    ``published``, if given, is a cheap check called between attempts; when it returns True the
+    wait ends and ``None`` is returned: the holder has published, so the caller can look the entry
+    up without taking the lock (otherwise a herd's waiters would queue on the lock one by one just
+    to find the entry there).
     """
     store.ensure()
     fd = _open_lock_file(store, base)
@@ -93,7 +98,7 @@ def acquire(store: Store, base: str, timeout: float, name: str) -> HeldLock:
         start = time.monotonic()
         deadline = start + timeout
         notice_at = start + NOTICE_AFTER
-        delay = 0.01
+        delay = 0.005
         while True:
             now = time.monotonic()
             if now >= deadline:
@@ -105,7 +110,10 @@ def acquire(store: Store, base: str, timeout: float, name: str) -> HeldLock:
                 _log.warning("stubcache: waiting for %s to finish building %r (key %s)",
                              describe_holder(store, base), name, base)
             time.sleep(min(delay, max(deadline - now, 0.0)))
-            delay = min(delay * 1.5, 0.05)
+            delay = min(delay * 1.5, 0.02)
+            if published is not None and published():
+                os.close(fd)
+                return None
             if _try_flock(fd):
                 return HeldLock(fd)
     except BaseException:
