@@ -137,7 +137,14 @@ def _memo(state_dir: str | None, memo_key: str, compute) -> dict:
     if value is not None:
         return value
     try:
-        lock_fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        # A group-writable (shared) state directory gets a group-usable lock file.
+        mode = 0o660 if os.stat(state_dir).st_mode & 0o020 else 0o600
+        lock_fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        if mode == 0o660:
+            try:
+                os.fchmod(lock_fd, mode)
+            except OSError:
+                pass  # created by another member
     except OSError:
         lock_fd = -1  # read-only root or another user's lock file: compute without sharing
     try:
