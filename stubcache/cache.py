@@ -192,6 +192,7 @@ class StubCache:
         return policy
 
     def _event(self, ev: str, key: str, seconds: float | None = None, **extra) -> None:
+        extra = {k: v for k, v in extra.items() if v is not None}
         events.record(self.store.path("events"), ev, key, seconds,
                       file_mode=self.store.mode(0o600, 0o640), **extra)
 

@@ -12,11 +12,10 @@ from typing import Any, Iterable, Mapping, Sequence
 
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}\Z")
 
-# A source that mentions any of these needs torch's implicit headers (or includes them itself).
-_TORCH_MENTION_RE = re.compile(
-    r"\btorch::|\bat::|\bc10::|\bTORCH_|\bPYBIND11_|\bpy::"
-    r"|#\s*include\s*[<\"](?:torch|ATen|c10|pybind11|caffe2)/"
-)
+# A source that mentions any of these needs torch's implicit headers (or includes them itself):
+# a token not preceded by an identifier character, or an include of a torch-family header.
+_TORCH_TOKENS = ("torch::", "at::", "c10::", "TORCH_", "PYBIND11_", "py::")
+_TORCH_INCLUDE_RE = re.compile(r"#\s*include\s*[<\"](?:torch|ATen|c10|pybind11|caffe2)/")
 
 FunctionsT = "Sequence[str] | Mapping[str, str] | str | None"
 
@@ -108,14 +107,20 @@ def validate_name(name: Any) -> str:
     return name
 
 
-# Every pattern above contains one of these; a plain substring scan is ~50x faster than the regex,
-# which then only runs on sources that might match.
-_TORCH_HINTS = ("torch", "at::", "c10", "TORCH_", "PYBIND11_", "py::", "ATen", "pybind11", "caffe2")
+def _mentions_one(src: str) -> bool:
+    # str.find per token: ~50x faster than one alternation regex over a 10 KB source.
+    for tok in _TORCH_TOKENS:
+        i = src.find(tok)
+        while i != -1:
+            if i == 0 or not (src[i - 1].isalnum() or src[i - 1] == "_"):
+                return True
+            i = src.find(tok, i + 1)
+    return "include" in src and _TORCH_INCLUDE_RE.search(src) is not None
 
 
 def mentions_torch(sources: Iterable[str]) -> bool:
     """True if any source refers to torch, ATen, c10 or pybind11."""
-    return any(any(h in s for h in _TORCH_HINTS) and _TORCH_MENTION_RE.search(s) for s in sources)
+    return any(_mentions_one(s) for s in sources)
 
 
 class StubSpec:
