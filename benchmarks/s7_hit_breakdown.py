@@ -47,7 +47,7 @@ loop("fingerprint, first in process (torch version, ABI memo, compiler memo)",
 fp = fingerprint.base_fingerprint(state)
 def canon():
     spec._canonical = None; spec.canonical()
-loop("spec.canonical() (incl. torch-mention regex)", canon)
+loop("spec.canonical() (incl. the torch-mention rule)", canon)
 c = spec.canonical()
 loop("key hash (json.dumps + sha256 of pre-image)", lambda: keymod.base_key(c, fp))
 k = entry.key
@@ -86,7 +86,7 @@ pc = time.perf_counter
 import stubcache
 from stubcache import fingerprint, store as storemod
 out = {}
-t = pc(); import filelock; out["import filelock (lazy, first lock)"] = pc() - t
+t = pc(); import filelock; out["import filelock (CLI verify/compaction only; not on the build path)"] = pc() - t
 t = pc(); import stubcache.builder; out["import stubcache.builder (lazy, first build)"] = pc() - t
 s = storemod.Store(sys.argv[1])
 t = pc(); s.ensure(); out["create a fresh root (makedirs + sub-directories)"] = pc() - t
