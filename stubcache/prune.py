@@ -265,6 +265,12 @@ def evict_entry(store: Store, key: str, base_key: str | None = None) -> str:
         if trashed is None:
             return "gone"
         store.rmtree(trashed)
+        # Safe while we hold it exclusively: Store.pin re-checks the inode after locking, so a
+        # reader that opened this file just before the unlink takes a fresh pin instead.
+        try:
+            os.unlink(store.pin_path(key))
+        except FileNotFoundError:
+            pass
         return "removed"
     finally:
         if lock_fd >= 0:
