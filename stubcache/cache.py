@@ -181,7 +181,7 @@ class StubCache:
         if policy is None:
             if not os.path.isdir(store.base):
                 return private_policy()
-            policy = load_policy(store.base)
+            policy = load_policy(store.root)
             store.shared = policy.shared
             for path in (store.root, store.base, store.path("entries")):
                 try:

@@ -93,9 +93,18 @@ def _root(args: argparse.Namespace) -> str:
 
 
 def _store(args: argparse.Namespace):
+    """The Store of the selected root, told whether the root is shared (so files it creates get
+    group modes); a root whose config fails the trust checks is treated as private."""
+    from .errors import TrustError
     from .store import Store
+    from .trust import load_policy
 
-    return Store(_root(args))
+    store = Store(_root(args))
+    try:
+        store.shared = load_policy(store.root).shared
+    except TrustError:
+        store.shared = False
+    return store
 
 
 def _confirm(prompt: str, args: argparse.Namespace) -> bool:
@@ -357,7 +366,7 @@ def _compact_events(args: argparse.Namespace, store, policy) -> None:
         return
     from .stats import compact_events
 
-    merged = compact_events(store.path("events"), store.lock_path("events-compact"), store.mode(0o600, 0o640))
+    merged = compact_events(store.path("events"), store.lock_path("events-compact"), store.mode(0o600, 0o660))
     if merged and not args.quiet and args.format != "json":
         _out(f"merged the event files of {merged} finished processes into one archive")
 
@@ -389,17 +398,14 @@ def cmd_clear(args: argparse.Namespace) -> int:
 
 
 def _clear_events(store) -> int:
-    """Delete event files of processes that are gone (a live process keeps appending to its own)."""
-    import socket
+    """Delete event files of processes that are gone (a live process keeps appending to its own
+    and holds a shared flock on it)."""
+    from .stats import file_finished
 
-    from .scan import pid_alive
-
-    host = socket.gethostname()
     removed = 0
     edir = store.path("events")
     for name in os.listdir(edir) if os.path.isdir(edir) else []:
-        parts = name[:-len(".jsonl")].rsplit("-", 2) if name.endswith(".jsonl") else []
-        if len(parts) == 3 and parts[0] == host and parts[1].isdigit() and pid_alive(int(parts[1])):
+        if name.endswith(".jsonl") and not file_finished(os.path.join(edir, name)):
             continue
         try:
             os.unlink(os.path.join(edir, name))

@@ -50,11 +50,13 @@ def _import_entry(cache: StubCache, entry: Entry, is_python_module: bool) -> Any
         return _modules[key]
     # Every load below goes through the name of the verified open file, so glibc hands back the
     # checked handle even if the entry has since been replaced on disk.
-    fd_path = cache.loaded_path(entry)
     if entry.manifest.build_method == "direct":
+        cache.loaded_path(entry)
         result: Any = entry.path
     else:
-        import torch  # a torch-header library needs libtorch and its Python bindings loaded
+        import torch  # first: the library needs libtorch (and its Python bindings) loaded
+
+        fd_path = cache.loaded_path(entry)
 
         if is_python_module:
             import importlib.machinery

@@ -85,7 +85,7 @@ def check_root(root: str) -> list[Check]:
         out.append(Check("root", "ok", f"{root} does not exist yet; it is created (mode 0700) on first use"))
         return out
     try:
-        policy = load_policy(Store(root).base)
+        policy = load_policy(root)
     except TrustError as exc:
         return [Check("config", "error", str(exc), "recreate the root with `stubcache init`")]
     bad = []
@@ -110,11 +110,12 @@ def check_root(root: str) -> list[Check]:
 
 def fix_permissions(root: str) -> list[str]:
     """Repair what ``check_root`` reports on paths you own: drop group/other write (private
-    roots) or restore the shared modes. Symlinks and others' paths are left for a human."""
-    from .shared import SHARED_DIR_MODE, SHARED_ENTRY_MODE
+    roots) or restore the shared modes. Works through ``O_NOFOLLOW`` fds; symlinks, odd file
+    types and others' paths are left for a human."""
+    from .shared import SHARED_DIR_MODE, SHARED_ENTRY_MODE, SHARED_ROOT_MODE, set_mode
     from .trust import load_policy
 
-    policy = load_policy(Store(root).base)
+    policy = load_policy(root)
     store = Store(root)
     entry_dirs = {store.entry_dir(k) for k in store.entry_keys()}
     done = []
@@ -124,15 +125,15 @@ def fix_permissions(root: str) -> list[str]:
             continue
         mode = stat.S_IMODE(st.st_mode)
         if policy.shared:
-            want = SHARED_ENTRY_MODE if p in entry_dirs else SHARED_DIR_MODE
-            if st.st_gid != policy.gid:
-                os.chown(p, -1, policy.gid)
-                done.append(f"chgrp {policy.group} {p}")
+            want = (SHARED_ROOT_MODE if p == root else SHARED_ENTRY_MODE if p in entry_dirs
+                    else SHARED_DIR_MODE)
         else:
             want = mode & ~0o022
-        if mode != want:
-            os.chmod(p, want)
-            done.append(f"chmod {want:o} {p}")
+        try:
+            if set_mode(p, want, policy.gid if policy.shared else None, directory=True):
+                done.append(f"chmod {want:o} {p}" + (f" (group {policy.group})" if policy.shared else ""))
+        except ValueError as exc:
+            done.append(f"skipped: {exc}")
     return done
 
 

@@ -1,11 +1,14 @@
 """Per-process, append-only event files that ``stubcache stats`` folds into counters.
 
 Each process appends one JSON line per event to its own file, so recording needs no shared lock
-and a crashed process loses at most the line it was writing.
+and a crashed process loses at most the line it was writing. The writer holds a shared ``flock``
+on its file for its whole life (taken before the file gets its final name), which is how
+``prune`` tells a live process's file from a finished one without trusting pids.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import threading
@@ -28,11 +31,13 @@ def record(events_dir: str, event: str, key: str = "", seconds: float | None = N
             fd = _fds.get(events_dir)
             pid = os.getpid()
             if fd is None or _fds.get(events_dir + ":pid") != pid:  # reopen after fork
-                name = f"{os.uname().nodename}-{pid}-{os.urandom(4).hex()}.jsonl"
-                fd = os.open(os.path.join(events_dir, name),
-                             os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, file_mode)
+                path = os.path.join(events_dir, f"{os.uname().nodename}-{pid}-{os.urandom(6).hex()}.jsonl")
+                fd = os.open(path + ".new", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+                             | os.O_NOFOLLOW, file_mode)
                 if file_mode != 0o600:
                     os.fchmod(fd, file_mode)
+                fcntl.flock(fd, fcntl.LOCK_SH)  # "alive" marker; the kernel drops it at exit
+                os.rename(path + ".new", path)
                 _fds[events_dir] = fd
                 _fds[events_dir + ":pid"] = pid
             os.write(fd, line)

@@ -33,8 +33,9 @@ KEY_ENV_VARS = (
 )
 
 _lock = threading.Lock()
-_base: dict[str, Any] | None = None
-_env_snap: tuple | None = None
+# (environment snapshot, fingerprint computed from exactly that snapshot), replaced as one
+# object so a thread can never pair a new environment with an old fingerprint.
+_state: tuple | None = None
 _ENV_DATA = getattr(os.environ, "_data", None)  # CPython: the raw bytes mapping behind os.environ
 _ENV_KEYS_RAW = tuple(os.environ.encodekey(k) for k in KEY_ENV_VARS) if _ENV_DATA is not None else ()
 
@@ -45,6 +46,14 @@ def _env_snapshot() -> tuple:
         get = _ENV_DATA.get
         return tuple([get(k) for k in _ENV_KEYS_RAW])
     return tuple([os.environ.get(k) for k in KEY_ENV_VARS])
+
+
+def _env_from_snapshot(snap: tuple) -> dict[str, str]:
+    out = {}
+    for name, raw in zip(KEY_ENV_VARS, snap):
+        if raw is not None:
+            out[name] = os.environ.decodevalue(raw) if _ENV_DATA is not None else raw
+    return out
 _compilers: dict[str, dict[str, Any]] = {}
 _torch_dir: str | None = None
 
@@ -123,6 +132,26 @@ def _read_memo(path: str, memo_key: str):
     return None
 
 
+MEMO_LOCK_WAIT = 90.0  # seconds; longer than the probe's own 60 s timeout
+
+
+def _flock_within(fd: int, seconds: float) -> bool:
+    """Exclusive flock, waiting at most ``seconds`` (a stopped holder must not hang start-up)."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    delay = 0.002
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+
 def _memo(state_dir: str | None, memo_key: str, compute) -> dict:
     """A tiny on-disk memo for expensive, deterministic toolchain facts.
 
@@ -148,8 +177,7 @@ def _memo(state_dir: str | None, memo_key: str, compute) -> dict:
     except OSError:
         lock_fd = -1  # read-only root or another user's lock file: compute without sharing
     try:
-        if lock_fd >= 0:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX)  # bounded: the holder's probe has a timeout
+        if lock_fd >= 0 and _flock_within(lock_fd, MEMO_LOCK_WAIT):
             value = _read_memo(path, memo_key)
             if value is not None:
                 return value
@@ -219,18 +247,18 @@ def _libc() -> str:
 
 def base_fingerprint(state_dir: str | None) -> dict[str, Any]:
     """The process-wide fingerprint (torch, C++ compiler, Python, platform, env, format)."""
-    global _base, _env_snap
+    global _state
     snap = _env_snapshot()
-    if _base is not None and snap == _env_snap:
-        return _base
-    env = {k: os.environ[k] for k in KEY_ENV_VARS if k in os.environ}
-    _env_snap = snap
+    state = _state
+    if state is not None and state[0] == snap:
+        return state[1]
+    env = _env_from_snapshot(snap)  # the values of this snapshot, not a later re-read
     # First call, or the process changed CXX/TORCH_CUDA_ARCH_LIST/...: builds read the live
     # environment, so the key must too (the compiler identity stays memoised per CXX value).
     fp = {
         "format": FORMAT_VERSION,
         "torch": _torch_facts(state_dir),
-        "cxx": compiler_identity(os.environ.get("CXX", "c++"), state_dir),
+        "cxx": compiler_identity(env.get("CXX", "c++"), state_dir),
         "python": {
             "version": "%d.%d.%d" % sys.version_info[:3],
             "implementation": sys.implementation.cache_tag,
@@ -240,7 +268,7 @@ def base_fingerprint(state_dir: str | None) -> dict[str, Any]:
         "platform": {"system": sys.platform, "machine": os.uname().machine, "libc": _libc()},
         "env": env,
     }
-    _base = fp
+    _state = (snap, fp)
     return fp
 
 
@@ -258,9 +286,8 @@ def cuda_fingerprint(state_dir: str | None) -> dict[str, Any]:
 
 def reset_for_tests() -> None:
     """Forget the per-process fingerprint (tests change ``CXX`` within one process)."""
-    global _base, _torch_dir, _env_snap
+    global _state, _torch_dir
     with _lock:
-        _base = None
-        _env_snap = None
+        _state = None
         _torch_dir = None
         _compilers.clear()

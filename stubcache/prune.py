@@ -10,13 +10,14 @@ out. Execution re-checks everything at the moment of removal, so a stale plan is
   never see a half-deleted entry) and then deleted. Readers take their shared lock before they
   check that the entry exists, so a reader that races with a removal sees a miss and rebuilds.
   The entry's build lock (``locks/<base_key>.lock``) is also taken non-blocking: a builder
-  publishes (rename) before it pins, and holds the build lock across that gap, so an entry
-  whose build lock is held is skipped as "being published".
+  pins before it publishes and holds the build lock throughout, so an entry whose build lock is
+  held is skipped as "being published".
 * a staging directory is removed only if its builder pid is gone and its build lock is free;
   a lease file only while holding its build lock.
 
-Pin files of removed entries are kept: unlinking a lock file that another process may have just
-opened would let that process hold a lock on an orphaned inode. They are empty.
+The pin file of a removed entry is unlinked while its exclusive lock is held. Whoever opened the
+old file just before that notices (readers in ``Store.pin``, other prunes here) by comparing the
+inode they locked with the one now at the path, and does not trust the orphaned lock.
 """
 
 from __future__ import annotations
@@ -247,13 +248,27 @@ def evict_entry(store: Store, key: str, base_key: str | None = None) -> str:
     Takes ``LOCK_EX|LOCK_NB`` on ``pins/<key>`` (the same inode readers lock) and on the build
     lock of ``base_key``, renames the entry into ``trash/`` and deletes it there, then releases.
     """
+    pin = store.pin_path(key)
     try:
-        fd = os.open(store.pin_path(key), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fd = os.open(pin, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, store.mode(0o600, 0o660))
     except FileNotFoundError:
         return "gone"  # no pins/ directory: no layout here
     lock_fd = -1
     try:
+        if store.shared:
+            try:
+                os.fchmod(fd, 0o660)
+            except OSError:
+                pass  # another member's pin file: already 0660
         if not _try_flock(fd):
+            return "in use"
+        try:
+            same = os.fstat(fd).st_ino == os.stat(pin).st_ino
+        except FileNotFoundError:
+            same = False
+        if not same:
+            # Another prune removed this pin file after we opened it; readers now lock a new one,
+            # which our lock does not cover. Leave the entry for the next run.
             return "in use"
         try:
             lock_fd = os.open(store.lock_path(base_key or key), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)

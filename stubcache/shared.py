@@ -1,20 +1,23 @@
 """Preparing a root that several users share (``stubcache init --shared --group G DIR``).
 
-Layout directories become ``2770`` (setgid, so everything created inside belongs to G, and
-group-writable so members can take locks, stage builds, pin and evict); published libraries and
-manifests stay read-only for everyone. The trusted group is recorded in ``v1/config.json``, which
-only its owner can change. See docs/security.md.
+The root itself is ``2750`` (setgid, not group-writable: only its owner can replace
+``stubcache-root.json``, which names the trusted group); every layout directory below is
+``2770`` (group-writable so members can take locks, stage builds, pin and evict), entry
+directories ``2775``; published libraries and manifests stay read-only for everyone. See
+docs/security.md.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 
 from .store import SUBDIRS, Store
 from .trust import CONFIG_NAME
 
+SHARED_ROOT_MODE = 0o2750
 SHARED_DIR_MODE = 0o2770
 SHARED_ENTRY_MODE = 0o2775
 
@@ -30,6 +33,32 @@ def resolve_group(group: str) -> tuple[str, int]:
     return g.gr_name, g.gr_gid
 
 
+def set_mode(path: str, mode: int, gid: int | None = None, *, directory: bool) -> bool:
+    """``chgrp``/``chmod`` through an fd opened with ``O_NOFOLLOW``, so a symlink (or a FIFO, or a
+    directory swapped for a link) planted by someone else is never followed. Returns True if it
+    changed something; raises ``ValueError`` for a path of the wrong kind."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_DIRECTORY if directory else 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise ValueError(f"{path}: not a {'directory' if directory else 'regular file'} "
+                         f"stubcache can fix ({exc.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if not (stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)):
+            raise ValueError(f"{path}: unexpected file type; remove it")
+        changed = False
+        if gid is not None and st.st_gid != gid:
+            os.fchown(fd, -1, gid)
+            changed = True
+        if stat.S_IMODE(st.st_mode) != mode or changed:
+            os.fchmod(fd, mode)  # after chown: chown may clear setgid
+            changed = True
+        return changed
+    finally:
+        os.close(fd)
+
+
 def init_root(root: str, group: str | None = None) -> list[str]:
     """Create (or convert) a cache root; shared with ``group`` when given. Returns what it did."""
     store = Store(root)
@@ -38,7 +67,6 @@ def init_root(root: str, group: str | None = None) -> list[str]:
     name = None
     if group is not None:
         name, gid = resolve_group(group)
-    dir_mode = SHARED_DIR_MODE if gid is not None else 0o700
     dirs = [store.root, store.base] + [store.path(s) for s in SUBDIRS]
     for d in dirs:
         if os.path.islink(d):
@@ -46,28 +74,31 @@ def init_root(root: str, group: str | None = None) -> list[str]:
         if not os.path.isdir(d):
             os.makedirs(d, exist_ok=True)
             done.append(f"created {d}")
-        if gid is not None:
-            os.chown(d, -1, gid)
-        os.chmod(d, dir_mode)
+        if gid is None:
+            mode = 0o700
+        else:
+            mode = SHARED_ROOT_MODE if d == store.root else SHARED_DIR_MODE
+        set_mode(d, mode, gid, directory=True)
     if gid is not None:
         for key in store.entry_keys():
             edir = store.entry_dir(key)
-            for p in [edir] + [os.path.join(edir, f) for f in os.listdir(edir)]:
-                os.chown(p, -1, gid, follow_symlinks=False)
-            os.chmod(edir, SHARED_ENTRY_MODE)
+            set_mode(edir, SHARED_ENTRY_MODE, gid, directory=True)
+            for f in os.listdir(edir):
+                p = os.path.join(edir, f)
+                set_mode(p, stat.S_IMODE(os.lstat(p).st_mode) & 0o555, gid, directory=False)
         for sub in ("pins", "locks"):
             for f in os.listdir(store.path(sub)):
-                p = store.path(sub, f)
-                os.chown(p, -1, gid, follow_symlinks=False)
-                os.chmod(p, 0o660)
+                set_mode(store.path(sub, f), 0o660, gid, directory=False)
         cfg = {"mode": "shared", "group": name, "gid": gid, "created": time.time(), "by_uid": os.geteuid()}
-        done.append(f"shared with group {name} (gid {gid}), directories mode {dir_mode:o}")
+        done.append(f"shared with group {name} (gid {gid}): root mode {SHARED_ROOT_MODE:o}, "
+                    f"directories mode {SHARED_DIR_MODE:o}")
     else:
         cfg = {"mode": "private", "created": time.time(), "by_uid": os.geteuid()}
         done.append("private to uid %d, directories mode 700" % os.geteuid())
-    path = os.path.join(store.base, CONFIG_NAME)
+    path = os.path.join(store.root, CONFIG_NAME)
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
         json.dump(cfg, fh, indent=1)
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)

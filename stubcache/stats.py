@@ -7,6 +7,7 @@ any point leaves every complete line it wrote (a torn last line is counted in ``
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import time
@@ -90,21 +91,44 @@ def fold_lines(lines: Iterable[bytes], totals: EventTotals) -> None:
             totals.bad_lines += 1
 
 
-def fold_events(events_dir: str) -> EventTotals:
-    """Fold every ``*.jsonl`` file under ``events_dir``."""
-    totals = EventTotals()
+def _archive_header(data: bytes) -> dict | None:
+    first = data.split(b"\n", 1)[0]
+    if not first.startswith(b'{"ev":"archive"'):
+        return None
     try:
-        names = os.listdir(events_dir)
+        rec = json.loads(first)
+    except ValueError:
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def _read_events(events_dir: str) -> list[tuple[str, bytes]]:
+    """Every event file's contents, minus files already merged into an archive (left behind by
+    a compaction that was killed before deleting them: counting them again would double)."""
+    try:
+        names = sorted(n for n in os.listdir(events_dir) if n.endswith(".jsonl"))
     except FileNotFoundError:
-        return totals
+        return []
+    files = []
+    merged: set[str] = set()
     for name in names:
-        if not name.endswith(".jsonl"):
-            continue
         try:
             with open(os.path.join(events_dir, name), "rb") as fh:
                 data = fh.read()
         except OSError:
             continue
+        if name.startswith(ARCHIVE_PREFIX):
+            header = _archive_header(data)
+            if header and isinstance(header.get("merged"), list):
+                merged.update(str(m) for m in header["merged"])
+        files.append((name, data))
+    return [(n, d) for n, d in files if n not in merged]
+
+
+def fold_events(events_dir: str) -> EventTotals:
+    """Fold every ``*.jsonl`` file under ``events_dir``."""
+    totals = EventTotals()
+    for name, data in _read_events(events_dir):
         if not name.startswith(ARCHIVE_PREFIX):
             totals.processes += 1  # an archive says how many processes it holds
         fold_lines(data.split(b"\n"), totals)
@@ -112,69 +136,108 @@ def fold_events(events_dir: str) -> EventTotals:
 
 
 ARCHIVE_PREFIX = "archive-"
+STALE_TMP_SECONDS = 3600.0
 
 
-def _finished(name: str, host: str) -> bool:
-    """An event file that no live process appends to any more (archives included)."""
-    from .scan import pid_alive
-
-    if name.startswith(ARCHIVE_PREFIX):
+def file_finished(path: str) -> bool:
+    """True if no live process appends to this event file: its writer's shared ``flock`` is
+    gone (works across pid namespaces and pid reuse; archives are always finished)."""
+    if os.path.basename(path).startswith(ARCHIVE_PREFIX):
         return True
-    parts = name[:-len(".jsonl")].rsplit("-", 2)
-    return len(parts) == 3 and parts[0] == host and parts[1].isdigit() and not pid_alive(int(parts[1]))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def compact_events(events_dir: str, lock_path: str, file_mode: int = 0o600) -> int:
-    """Merge the event files of finished processes on this host into one archive file, so the
-    directory does not grow by a file per process start. Returns how many files were merged.
+    """Merge the event files of finished processes (and earlier archives) into one archive file,
+    so the directory does not grow by a file per process start. Returns how many files merged.
 
     Lines are kept as they are (``stats`` folds an archive like any other file); a header line
-    carries the number of processes. Skipped when another compaction holds ``lock_path``.
+    carries the number of processes and the merged file names, so files left behind by a
+    compaction killed before deleting them are not counted twice. Skipped when another
+    compaction holds ``lock_path`` or it cannot be opened.
     """
-    import filelock
-
-    host = os.uname().nodename
-    lock = filelock.FileLock(lock_path, mode=file_mode, thread_local=False)
     try:
-        lock.acquire(timeout=0)
-    except filelock.Timeout:
+        lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, file_mode)
+    except OSError:
         return 0
     try:
-        names = sorted(n for n in os.listdir(events_dir) if n.endswith(".jsonl") and _finished(n, host))
-        if len(names) < 2:
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
             return 0
-        totals = EventTotals()
+        _remove_stale_tmp(events_dir)
+        files = [(n, d) for n, d in _read_events(events_dir) if file_finished(os.path.join(events_dir, n))]
+        leftovers = _already_merged(events_dir)
+        if len(files) < 2:
+            _unlink_all(events_dir, leftovers)
+            return 0
+        processes = 0
         chunks: list[bytes] = []
-        for name in names:
-            try:
-                with open(os.path.join(events_dir, name), "rb") as fh:
-                    data = fh.read()
-            except OSError:
-                continue
-            before = totals.processes
-            fold_lines(data.split(b"\n"), totals)  # only to count the processes inside archives
-            if not name.startswith(ARCHIVE_PREFIX):
-                totals.processes = before + 1
-            chunks.extend(ln for ln in data.split(b"\n") if ln.strip()
-                          and not ln.startswith(b'{"ev":"archive"'))
-        header = json.dumps({"ev": "archive", "processes": totals.processes}, separators=(",", ":")).encode()
-        out = os.path.join(events_dir, f"{ARCHIVE_PREFIX}{int(time.time())}-{os.getpid()}.jsonl")
+        for name, data in files:
+            header = _archive_header(data) if name.startswith(ARCHIVE_PREFIX) else None
+            if header is not None:
+                n = header.get("processes")
+                processes += n if isinstance(n, int) else 0
+                data = data.split(b"\n", 1)[1] if b"\n" in data else b""
+            elif not name.startswith(ARCHIVE_PREFIX):
+                processes += 1
+            chunks.extend(ln for ln in data.split(b"\n") if ln.strip())
+        names = [n for n, _ in files]
+        header_line = json.dumps({"ev": "archive", "processes": processes, "merged": names},
+                                 separators=(",", ":")).encode()
+        out = os.path.join(events_dir, f"{ARCHIVE_PREFIX}{int(time.time())}-{os.getpid()}-{os.urandom(6).hex()}.jsonl")
         tmp = out + ".tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, file_mode)
         try:
-            os.write(fd, b"\n".join([header, *chunks]) + b"\n")
+            os.write(fd, b"\n".join([header_line, *chunks]) + b"\n")
             os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, out)
-        for name in names:
-            try:
-                os.unlink(os.path.join(events_dir, name))
-            except FileNotFoundError:
-                pass
+        _unlink_all(events_dir, names + leftovers)
         return len(names)
     finally:
-        lock.release()
+        os.close(lock_fd)
+
+
+def _already_merged(events_dir: str) -> list[str]:
+    """Files named in an archive but still present (a compaction was killed mid-way)."""
+    present = {n for n, _ in _read_events(events_dir)}
+    try:
+        names = [n for n in os.listdir(events_dir) if n.endswith(".jsonl")]
+    except FileNotFoundError:
+        return []
+    return [n for n in names if n not in present]
+
+
+def _unlink_all(events_dir: str, names: list[str]) -> None:
+    for name in names:
+        try:
+            os.unlink(os.path.join(events_dir, name))
+        except FileNotFoundError:
+            pass
+
+
+def _remove_stale_tmp(events_dir: str) -> None:
+    now = time.time()
+    for name in os.listdir(events_dir):
+        if name.endswith((".tmp", ".new")):
+            p = os.path.join(events_dir, name)
+            try:
+                if now - os.lstat(p).st_mtime > STALE_TMP_SECONDS:
+                    os.unlink(p)
+            except OSError:
+                pass
 
 
 @dataclass

@@ -2,8 +2,9 @@
 
 A private root (the default) trusts paths owned by you or root and writable by nobody else. A
 shared root (``stubcache init --shared --group G``) records its trusted group in
-``<root>/v1/config.json``; it then also trusts paths owned by members of G, and allows group
-write where the group is G. World-writable paths and symlinks are refused everywhere.
+``<root>/stubcache-root.json`` (the root itself is not group-writable, so no member can replace
+it); it then also trusts paths owned by members of G, and allows group write where the group is
+G. World-writable paths and symlinks are refused everywhere.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import stat
 
 from .errors import TrustError
 
-CONFIG_NAME = "config.json"
+CONFIG_NAME = "stubcache-root.json"  # at the root, beside v1/
 
 
 class TrustPolicy:
@@ -91,25 +92,30 @@ def check_dir(path: str, what: str = "cache directory", policy: TrustPolicy | No
     check_stat(os.lstat(path), path, what, policy)
 
 
-def load_policy(layout_dir: str) -> TrustPolicy:
-    """The policy of a root: shared if ``<root>/v1/config.json`` says so (and passes the checks)."""
-    path = os.path.join(layout_dir, CONFIG_NAME)
+def load_policy(root: str) -> TrustPolicy:
+    """The policy of a root: shared if ``<root>/stubcache-root.json`` says so.
+
+    That file decides whom to trust, so it and the root directory holding it must be beyond the
+    group's reach: both owned by a trusted user (the config by the root's owner or by root), and
+    neither writable by group or others. Members can write below ``v1/``, never here.
+    """
+    path = os.path.join(root, CONFIG_NAME)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return private_policy()
     except OSError as exc:
-        raise TrustError(f"cannot read {path}: {exc}") from None
+        raise TrustError(f"cannot read the cache config {path}: {exc}") from None
     try:
         st = os.fstat(fd)
-        data = os.read(fd, 1 << 16)
+        data = os.read(fd, 1 << 16) if stat.S_ISREG(st.st_mode) else b""
     finally:
         os.close(fd)
     try:
         cfg = json.loads(data.decode("utf-8"))
         gid = cfg.get("gid") if cfg.get("mode") == "shared" else None
     except (ValueError, UnicodeDecodeError, AttributeError):
-        raise TrustError(f"refusing cache config {path}: not valid JSON; recreate with `stubcache init`") from None
+        raise TrustError(f"refusing cache config {path}: not valid JSON; recreate it with `stubcache init`") from None
     if gid is None:
         policy = private_policy()
     elif not isinstance(gid, int):
@@ -118,11 +124,17 @@ def load_policy(layout_dir: str) -> TrustPolicy:
         policy = TrustPolicy(gid, cfg.get("group"))
         if os.getegid() != gid and gid not in os.getgroups() and os.geteuid() != 0:
             raise TrustError(
-                f"the shared cache at {os.path.dirname(layout_dir)} trusts group {cfg.get('group')!r} "
-                f"(gid {gid}), and you are not a member; add this account to the group or use another root"
+                f"the shared cache at {root} trusts group {cfg.get('group')!r} (gid {gid}), and you "
+                "are not a member; add this account to the group or use another root"
             )
-    # The config itself may not be writable by anyone but its owner (a trusted user).
-    policy.check(st, path, "cache config")
-    if stat.S_IMODE(st.st_mode) & stat.S_IWGRP:
-        raise TrustError(f"refusing cache config {path}: group-writable; fix with: chmod g-w {path}")
+    root_st = os.lstat(root)
+    for what, p, s in (("cache root", root, root_st), ("cache config", path, st)):
+        if stat.S_ISLNK(s.st_mode) or not policy.trusted_owner(s.st_uid) or stat.S_IMODE(s.st_mode) & 0o022:
+            raise TrustError(
+                f"refusing {what} {p}: it decides whom the cache trusts, so it must be owned by a trusted "
+                f"user and writable by nobody else (uid {s.st_uid}, mode {stat.S_IMODE(s.st_mode):o}); "
+                f"fix with: chmod go-w {p}, or recreate the root with `stubcache init`")
+    if st.st_uid not in (root_st.st_uid, 0):
+        raise TrustError(f"refusing cache config {path}: owned by uid {st.st_uid}, but the root by uid "
+                         f"{root_st.st_uid}; recreate it with `stubcache init`")
     return policy

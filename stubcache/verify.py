@@ -32,7 +32,7 @@ def check_entry(store: Store, key: str, policy: TrustPolicy | None = None) -> Ve
     trusted ownership/permissions, no symlinks, and the library's size and SHA-256."""
     edir = store.entry_dir(key)
     if policy is None:
-        policy = load_policy(store.base)
+        policy = load_policy(store.root)
     try:
         manifest = store.read_manifest(key)
     except FileNotFoundError:
@@ -81,7 +81,7 @@ def verify_store(store: Store, quarantine: bool = True) -> list[VerifyResult]:
     from . import events
 
     results = []
-    policy = load_policy(store.base)
+    policy = load_policy(store.root)
     store.shared = policy.shared
     for key in store.entry_keys():
         res = check_entry(store, key, policy)
@@ -98,10 +98,14 @@ def _quarantine_locked(store: Store, key: str, policy: TrustPolicy, res: VerifyR
     replaced the bad entry with a good one between our check and the move."""
     import filelock
 
+    import re
+
     try:
         base = store.read_manifest(key).base_key
     except (OSError, ValueError):
         base = key
+    if not isinstance(base, str) or not re.fullmatch(r"[0-9a-f]{16,64}", base):
+        base = key  # a bad manifest's field must not become a path
     lock = filelock.FileLock(store.lock_path(str(base)), mode=store.mode(0o600, 0o660), thread_local=False)
     try:
         with lock.acquire(timeout=60):

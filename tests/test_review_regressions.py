@@ -130,3 +130,87 @@ def test_prune_merges_event_files_of_finished_processes(cache_root):
     after = stats()
     assert len(list(events.glob("*.jsonl"))) == 1
     assert after["processes"] == 4 and after["builds"] == 4 and after["hits"] == before["hits"] + 1
+
+
+def _stats(cache_root):
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "stubcache", "--cache-dir", str(cache_root), "stats",
+                          "--format", "json"], capture_output=True, text=True, check=True).stdout
+    data = json.loads(out)
+    return {k: data[k] for k in ("hits", "misses", "builds", "processes")}
+
+
+def test_compaction_killed_before_deleting_its_sources_counts_nothing_twice(cache_root):
+    import json
+
+    from stubcache.stats import compact_events
+
+    from .conftest import run_py
+
+    for n in range(3):
+        run_py('import stubcache; stubcache.StubCache().load(stubcache.StubSpec("k%d", '
+               '\'extern "C" int f(void){return 1;}\'))' % n)
+    before = _stats(cache_root)
+    events = cache_root / "v1" / "events"
+    sources = {p.name: p.read_bytes() for p in events.glob("*.jsonl")}
+    assert compact_events(str(events), str(cache_root / "v1" / "locks" / "events-compact.lock")) == 3
+    for name, data in sources.items():  # as if killed after the archive's rename, before unlinking
+        (events / name).write_bytes(data)
+    assert _stats(cache_root) == before
+    assert compact_events(str(events), str(cache_root / "v1" / "locks" / "events-compact.lock")) == 0
+    assert [p.name.startswith("archive-") for p in events.glob("*.jsonl")] == [True]
+    assert _stats(cache_root) == before
+    header = json.loads((next(events.glob("archive-*.jsonl"))).read_text().splitlines()[0])
+    assert header["processes"] == 3 and sorted(header["merged"]) == sorted(sources)
+
+
+def test_compaction_leaves_a_live_process_file_alone(cache_root):
+    import subprocess
+    import sys
+
+    from .conftest import run_py, spawn_py
+
+    run_py('import stubcache; stubcache.StubCache().load(stubcache.StubSpec("a", \'extern "C" int f(void){return 1;}\'))')
+    live = spawn_py("""
+    import time, stubcache
+    stubcache.StubCache().load(stubcache.StubSpec("b", 'extern "C" int f(void){return 2;}'))
+    print("ready", flush=True)
+    time.sleep(120)
+    """)
+    try:
+        assert live.stdout.readline().strip() == "ready"
+        events = cache_root / "v1" / "events"
+        mine = [p.name for p in events.glob("*.jsonl") if f"-{live.pid}-" in p.name]
+        assert len(mine) == 1
+        subprocess.run([sys.executable, "-m", "stubcache", "--cache-dir", str(cache_root), "prune", "--yes"],
+                       check=True, capture_output=True)
+        assert (events / mine[0]).exists()  # still appended to: never merged away
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_init_shared_never_follows_planted_symlinks(tmp_path):
+    import grp
+    import os
+    import subprocess
+    import sys
+
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to pick a group")
+    root = tmp_path / "cache"
+    subprocess.run([sys.executable, "-m", "stubcache", "init", str(root)], check=True, capture_output=True)
+    victim = tmp_path / "victim"
+    victim.write_text("secret")
+    victim.chmod(0o600)
+    (root / "v1" / "locks" / "evil.lock").symlink_to(victim)
+    group = grp.getgrgid(os.getgid()).gr_name
+    r = subprocess.run([sys.executable, "-m", "stubcache", "init", "--shared", "--group", group, str(root)],
+                       capture_output=True, text=True)
+    assert r.returncode != 0
+    assert oct(victim.stat().st_mode & 0o777) == oct(0o600)

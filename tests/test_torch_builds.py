@@ -15,13 +15,15 @@ import pytest
 from .conftest import CxxWrapper, run_py, spawn_py
 
 PYBIND = """
-import json, stubcache, torch
-m = stubcache.load_inline(
+import json, stubcache
+m = stubcache.load_inline(  # torch not imported first: the drop-in must load it itself
+
     "sc_pybind",
     cpp_sources="int add(int a, int b) { return a + b; }\\n"
                 "torch::Tensor twice(torch::Tensor x) { return x * 2; }",
     functions={"add": "Add two ints.", "twice": "Double a tensor."},
 )
+import torch
 print(json.dumps({"add": m.add(2, 3), "twice": m.twice(torch.ones(2)).tolist(),
                   "doc": "Add two ints." in m.add.__doc__, "file": m.__file__}))
 """
