@@ -9,10 +9,9 @@ child imports its library first and times only the build + load.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 
-from _common import (PY, STUB_NAME, Ctx, child_env, find, fmt_time, ratio, row, run_json, spec_kwargs,
+from _common import (STUB_NAME, Ctx, find, fmt_time, ratio, row, run_json, spec_kwargs,
                      target, wall)
 
 STUBCACHE_CHILD = r"""

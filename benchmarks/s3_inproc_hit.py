@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from _common import STUB_NAME, Ctx, child_env, find, fmt_time, row, run_json, spec_kwargs, target
+from _common import STUB_NAME, Ctx, child_env, fmt_time, row, run_json, spec_kwargs, target
 from s1_cold_build import STUBCACHE_CHILD, TORCH_CHILD
 
 CHILD = r"""

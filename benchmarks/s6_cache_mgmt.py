@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 from _common import BENCH, PY, Ctx, child_env, fmt_time, row, target, wall
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 import stubcache
-from stubcache import StubCache, StubSpec
+from stubcache import StubCache
 from stubcache.store import Store, file_sha256
 
-from .conftest import run_py, spawn_py
+from .conftest import run_py
 
 IS_ROOT = os.geteuid() == 0
 

@@ -7,8 +7,6 @@ automatic header rule for a ``TORCH_LIBRARY`` registration.
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import pytest
 

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import stubcache
-from stubcache import CacheMissError, StubCache, StubSpec, TrustError
+from stubcache import CacheMissError, StubCache, StubSpec
 from stubcache.shared import init_root
 
 from .conftest import run_py
