@@ -2,8 +2,9 @@
 
 Each process appends one JSON line per event to its own file, so recording needs no shared lock
 and a crashed process loses at most the line it was writing. The writer holds a shared ``flock``
-on its file for its whole life (taken before the file gets its final name), which is how
-``prune`` tells a live process's file from a finished one without trusting pids.
+on its file for its whole life, taken before its first write, which is how ``prune`` tells a
+live process's file from a finished one without trusting pids (an empty file may be one that is
+just being opened, so it is never taken for finished).
 """
 
 from __future__ import annotations
@@ -32,12 +33,11 @@ def record(events_dir: str, event: str, key: str = "", seconds: float | None = N
             pid = os.getpid()
             if fd is None or _fds.get(events_dir + ":pid") != pid:  # reopen after fork
                 path = os.path.join(events_dir, f"{os.uname().nodename}-{pid}-{os.urandom(6).hex()}.jsonl")
-                fd = os.open(path + ".new", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
                              | os.O_NOFOLLOW, file_mode)
                 if file_mode != 0o600:
                     os.fchmod(fd, file_mode)
-                fcntl.flock(fd, fcntl.LOCK_SH)  # "alive" marker; the kernel drops it at exit
-                os.rename(path + ".new", path)
+                fcntl.flock(fd, fcntl.LOCK_SH)  # "alive" marker, before any write; dropped at exit
                 _fds[events_dir] = fd
                 _fds[events_dir + ":pid"] = pid
             os.write(fd, line)

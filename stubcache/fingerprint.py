@@ -132,6 +132,21 @@ def _read_memo(path: str, memo_key: str):
     return None
 
 
+_read_only = False  # set by read_only(): compute what is missing, write nothing
+
+
+class read_only:
+    """Context manager: compute the fingerprint without writing any memo (``prune --dry-run``)."""
+
+    def __enter__(self) -> None:
+        global _read_only
+        self._old, _read_only = _read_only, True
+
+    def __exit__(self, *exc: object) -> None:
+        global _read_only
+        _read_only = self._old
+
+
 MEMO_LOCK_WAIT = 90.0  # seconds; longer than the probe's own 60 s timeout
 
 
@@ -165,6 +180,8 @@ def _memo(state_dir: str | None, memo_key: str, compute) -> dict:
     value = _read_memo(path, memo_key)
     if value is not None:
         return value
+    if _read_only:
+        return compute()
     try:
         # A group-writable (shared) state directory gets a group-usable lock file.
         mode = 0o660 if os.stat(state_dir).st_mode & 0o020 else 0o600
@@ -255,7 +272,91 @@ def base_fingerprint(state_dir: str | None) -> dict[str, Any]:
     env = _env_from_snapshot(snap)  # the values of this snapshot, not a later re-read
     # First call, or the process changed CXX/TORCH_CUDA_ARCH_LIST/...: builds read the live
     # environment, so the key must too (the compiler identity stays memoised per CXX value).
-    fp = {
+    fp = _fast_memo_get(state_dir, env)
+    if fp is None:
+        fp = _compute(state_dir, env)
+        _fast_memo_put(state_dir, env, fp)
+    _state = (snap, fp)
+    return fp
+
+
+# --- whole-fingerprint memo -------------------------------------------------------------------
+# A fresh process's first hit spends most of its time here (find_spec, reading version.py,
+# realpath, two memo files). This memo stores the finished fingerprint with the stat
+# signatures of everything it was derived from, and is used only if all of them still match:
+# torch's version.py and libc10, the compiler as found on PATH and its real file, and every PATH
+# directory searched before it (a compiler added earlier on PATH changes that directory's mtime).
+
+
+def _sig(path: str) -> list | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
+
+
+def _fast_memo_path(state_dir: str, env: dict) -> str:
+    ident = json.dumps([FORMAT_VERSION, sys.executable, sys.path, os.environ.get("PATH", ""), env],
+                       separators=(",", ":"))
+    return os.path.join(state_dir, "fp-" + hashlib.sha256(ident.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+                        + ".json")
+
+
+def _validators(fp: dict, env: dict) -> list:
+    paths = []
+    tdir = torch_dir()
+    # The import path up to torch's directory: installing a torch earlier on it changes one of
+    # these directories' mtimes.
+    parent = os.path.dirname(tdir) if tdir else None
+    for entry in sys.path:
+        paths.append(os.path.abspath(entry or "."))
+        if parent and os.path.abspath(entry or ".") == parent:
+            break
+    if tdir:
+        paths += [os.path.join(tdir, "version.py"), os.path.join(tdir, "lib", "libc10.so")]
+    command = env.get("CXX", "c++")
+    found = which(command)
+    if found and os.sep not in command:
+        for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
+            paths.append(d or ".")
+            if os.path.dirname(found) == (d or "."):
+                break
+    if found:
+        paths += [found, fp["cxx"]["path"] or found]
+    return [[p, _sig(p)] for p in paths]
+
+
+def _fast_memo_get(state_dir: str | None, env: dict) -> dict | None:
+    if not state_dir:
+        return None
+    try:
+        with open(_fast_memo_path(state_dir, env), encoding="utf-8") as fh:
+            data = json.load(fh)
+        for path, sig in data["validators"]:
+            if _sig(path) != sig:
+                return None
+        fp = data["fp"]
+        return fp if fp.get("env") == env and fp.get("format") == FORMAT_VERSION else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _fast_memo_put(state_dir: str | None, env: dict, fp: dict) -> None:
+    if not state_dir or _read_only or not os.path.isdir(state_dir):
+        return
+    path = _fast_memo_path(state_dir, env)
+    try:
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump({"fp": fp, "validators": _validators(fp, env)}, fh)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def _compute(state_dir: str | None, env: dict) -> dict[str, Any]:
+    return {
         "format": FORMAT_VERSION,
         "torch": _torch_facts(state_dir),
         "cxx": compiler_identity(env.get("CXX", "c++"), state_dir),
@@ -268,8 +369,6 @@ def base_fingerprint(state_dir: str | None) -> dict[str, Any]:
         "platform": {"system": sys.platform, "machine": os.uname().machine, "libc": _libc()},
         "env": env,
     }
-    _state = (snap, fp)
-    return fp
 
 
 def cuda_fingerprint(state_dir: str | None) -> dict[str, Any]:

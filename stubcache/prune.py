@@ -368,8 +368,9 @@ def current_fingerprint(store: Store, need_cuda: bool = False) -> dict[str, Any]
     from . import fingerprint
 
     state = store.path("state")
-    fp = dict(fingerprint.base_fingerprint(state if os.path.isdir(state) else None))
-    if need_cuda:
-        fp["cuda"] = fingerprint.cuda_fingerprint(state if os.path.isdir(state) else None)
+    with fingerprint.read_only():  # reading the cache must not write to it (prune --dry-run)
+        fp = dict(fingerprint.base_fingerprint(state if os.path.isdir(state) else None))
+        if need_cuda:
+            fp["cuda"] = fingerprint.cuda_fingerprint(state if os.path.isdir(state) else None)
     return fp
 

@@ -140,8 +140,9 @@ STALE_TMP_SECONDS = 3600.0
 
 
 def file_finished(path: str) -> bool:
-    """True if no live process appends to this event file: its writer's shared ``flock`` is
-    gone (works across pid namespaces and pid reuse; archives are always finished)."""
+    """True if no live process appends to this event file: it is not empty (its writer locks it
+    before the first write) and its writer's shared ``flock`` is gone. Works across pid
+    namespaces and pid reuse; archives are always finished."""
     if os.path.basename(path).startswith(ARCHIVE_PREFIX):
         return True
     try:
@@ -149,6 +150,8 @@ def file_finished(path: str) -> bool:
     except OSError:
         return False
     try:
+        if os.fstat(fd).st_size == 0:
+            return False
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return True
     except OSError:

@@ -117,7 +117,8 @@ class Store:
         ``ValueError`` if the manifest is unreadable."""
         fd = os.open(os.path.join(self.base, "entries", key, MANIFEST_NAME), os.O_RDONLY | os.O_NOFOLLOW)
         try:
-            data = os.read(fd, 1 << 24)
+            # Read what is there (a 16 MiB read buffer alone costs ~100 us), capped at 16 MiB.
+            data = os.read(fd, min(os.fstat(fd).st_size + 1, 1 << 24))
         finally:
             os.close(fd)
         try:

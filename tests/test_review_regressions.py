@@ -211,3 +211,30 @@ def test_init_shared_never_follows_planted_symlinks(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode != 0
     assert oct(victim.stat().st_mode & 0o777) == oct(0o600)
+
+
+def test_fingerprint_memo_notices_a_compiler_added_earlier_on_path(cache_root, tmp_path, monkeypatch):
+    import json
+    import shutil
+
+    from .conftest import run_py
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    real = shutil.which("c++")
+    (b / "c++").write_text(f'#!/bin/sh\nexec "{real}" "$@"\n')
+    (b / "c++").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{a}:{b}:{os.environ['PATH']}")
+    monkeypatch.delenv("CXX", raising=False)
+    code = """
+    import json, stubcache
+    print(json.dumps(stubcache.StubCache().preimage(stubcache.StubSpec("p", "int x;"))["fingerprint"]["cxx"]))
+    """
+    first = json.loads(run_py(code).stdout)
+    again = json.loads(run_py(code).stdout)  # served by the whole-fingerprint memo
+    assert first == again and first["path"] == str(b / "c++")
+    (a / "c++").write_text(f'#!/bin/sh\n[ "$1" = --version ] && echo "shadow 1.0" && exit 0\nexec "{real}" "$@"\n')
+    (a / "c++").chmod(0o755)
+    shadow = json.loads(run_py(code).stdout)
+    assert shadow["path"] == str(a / "c++") and shadow["version"] == "shadow 1.0"
