@@ -80,7 +80,7 @@ def acquire(store: Store, base: str, timeout: float, name: str, published=None) 
     """Acquire the build lock of ``base`` (``locks/<base>.lock``); returns a :class:`HeldLock`.
 
     The lock is a kernel ``flock`` on that file (the same lock ``filelock.FileLock`` takes), tried
-    without blocking and re-tried every 5-20 ms until ``timeout``: a bounded wait. This is done
+    without blocking and re-tried every 2-10 ms until ``timeout``: a bounded wait. This is done
     here rather than through filelock because importing filelock costs ~14 ms, paid by every
     waiting process of a start-up herd (see docs/performance.md). Logs once, after a few
     seconds, which process holds the build; raises :class:`LockTimeoutError` after ``timeout``.
@@ -98,7 +98,7 @@ def acquire(store: Store, base: str, timeout: float, name: str, published=None) 
         start = time.monotonic()
         deadline = start + timeout
         notice_at = start + NOTICE_AFTER
-        delay = 0.005
+        delay = 0.002
         while True:
             now = time.monotonic()
             if now >= deadline:
@@ -110,7 +110,7 @@ def acquire(store: Store, base: str, timeout: float, name: str, published=None) 
                 _log.warning("stubcache: waiting for %s to finish building %r (key %s)",
                              describe_holder(store, base), name, base)
             time.sleep(min(delay, max(deadline - now, 0.0)))
-            delay = min(delay * 1.5, 0.02)
+            delay = min(delay * 1.5, 0.01)  # the probe is one stat: cheap to ask often
             if published is not None and published():
                 os.close(fd)
                 return None
