@@ -355,7 +355,13 @@ class StubCache:
         expected = {MANIFEST_NAME, entry.manifest.library}
         if names != expected:
             raise IntegrityError(f"entry has unexpected files {sorted(names ^ expected)}")
-        os.close(self._open_checked(entry, policy))
+        fd = self._open_checked(entry, policy)
+        with self._mutex:
+            # load_entry reuses this very fd (no second open). An fd already there may have been
+            # dlopened by its /proc/self/fd name, so it is never closed (the name must not be reused).
+            keep = self._lib_fds.setdefault(entry.path, fd)
+        if keep != fd:
+            os.close(fd)
 
     def _manifest_for(self, spec: StubSpec, base: str, result, sha: str, size: int) -> Manifest:
         key = entry_key(base, result.headers)
