@@ -3,14 +3,13 @@ bounded waiting, and a lease file that tells waiters who holds the build."""
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import os
 import time
 
 from . import _log
 from .errors import LockTimeoutError
 from .store import Store
+from .store import try_flock_ex as _try_flock
 
 
 DEFAULT_LOCK_TIMEOUT = 600.0
@@ -64,16 +63,6 @@ def _open_lock_file(store: Store, base: str) -> int:
         except OSError:
             pass  # another member's file: already 0660
     return fd
-
-
-def _try_flock(fd: int) -> bool:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            return False
-        raise
-    return True
 
 
 def acquire(store: Store, base: str, timeout: float, name: str, published=None) -> HeldLock | None:

@@ -30,6 +30,7 @@ from typing import Any, Iterable
 
 from .scan import CacheScan, EntryRecord, Leftover, flock_held, pid_alive
 from .store import Store
+from .store import try_flock_ex as _try_flock
 from .units import human_age, human_size
 
 DEFAULT_QUARANTINE_AGE = 7 * 86400.0
@@ -225,17 +226,6 @@ def _leftover_items(leftovers: Iterable[Leftover], policy: PrunePolicy) -> list[
 
 
 # --- execution (I/O) -------------------------------------------------------------------------
-
-
-def _try_flock(fd: int) -> bool:
-    """``LOCK_EX|LOCK_NB``: True if taken, False if someone else holds the lock."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            return False
-        raise
-    return True
 
 
 def evict_entry(store: Store, key: str, base_key: str | None = None) -> str:

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 from .scan import EntryRecord
+from .store import try_flock_ex
 
 
 @dataclass
@@ -150,10 +151,7 @@ def file_finished(path: str) -> bool:
     except OSError:
         return False
     try:
-        if os.fstat(fd).st_size == 0:
-            return False
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
+        return os.fstat(fd).st_size > 0 and try_flock_ex(fd)
     except OSError:
         return False
     finally:

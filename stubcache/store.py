@@ -50,6 +50,17 @@ def file_sha256(fd_or_path) -> str:
     return h.hexdigest()
 
 
+def try_flock_ex(fd: int) -> bool:
+    """``LOCK_EX|LOCK_NB`` on ``fd``: True if taken, False if another open file holds a lock."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    return True
+
+
 def headers_match(headers: dict) -> bool:
     """True if every recorded header still has the recorded content."""
     for path, digest in headers.items():
