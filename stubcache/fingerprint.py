@@ -121,6 +121,17 @@ def _cxx11_abi(tdir: str, state_dir: str | None) -> int | None:
     return _memo(state_dir, memo_key, compute).get("abi")
 
 
+def _write_json(path: str, data: dict) -> None:
+    """Best-effort atomic write of a memo (readers see the old file or the new one)."""
+    try:
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(data, fh)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
 def _read_memo(path: str, memo_key: str):
     try:
         with open(path, encoding="utf-8") as fh:
@@ -199,13 +210,7 @@ def _memo(state_dir: str | None, memo_key: str, compute) -> dict:
             if value is not None:
                 return value
         value = compute()
-        try:
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w", encoding="utf-8") as fh:
-                json.dump({"memo_key": memo_key, "value": value}, fh)
-            os.replace(tmp, path)
-        except OSError:
-            pass
+        _write_json(path, {"memo_key": memo_key, "value": value})
         return value
     finally:
         if lock_fd >= 0:
@@ -345,14 +350,7 @@ def _fast_memo_get(state_dir: str | None, env: dict) -> dict | None:
 def _fast_memo_put(state_dir: str | None, env: dict, fp: dict) -> None:
     if not state_dir or _read_only or not os.path.isdir(state_dir):
         return
-    path = _fast_memo_path(state_dir, env)
-    try:
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump({"fp": fp, "validators": _validators(fp, env)}, fh)
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    _write_json(_fast_memo_path(state_dir, env), {"fp": fp, "validators": _validators(fp, env)})
 
 
 def _compute(state_dir: str | None, env: dict) -> dict[str, Any]:

@@ -54,17 +54,6 @@ class HeldLock:
             self.fd = -1
 
 
-def _open_lock_file(store: Store, base: str) -> int:
-    fd = os.open(store.lock_path(base), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 store.mode(0o600, 0o660))
-    if store.shared:
-        try:
-            os.fchmod(fd, 0o660)
-        except OSError:
-            pass  # another member's file: already 0660
-    return fd
-
-
 def acquire(store: Store, base: str, timeout: float, name: str, published=None) -> HeldLock | None:
     """Acquire the build lock of ``base`` (``locks/<base>.lock``); returns a :class:`HeldLock`.
 
@@ -80,7 +69,7 @@ def acquire(store: Store, base: str, timeout: float, name: str, published=None) 
     to find the entry there).
     """
     store.ensure()
-    fd = _open_lock_file(store, base)
+    fd = store.open_lock_file(store.lock_path(base))
     try:
         if _try_flock(fd):
             return HeldLock(fd)

@@ -240,16 +240,11 @@ def evict_entry(store: Store, key: str, base_key: str | None = None) -> str:
     """
     pin = store.pin_path(key)
     try:
-        fd = os.open(pin, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, store.mode(0o600, 0o660))
+        fd = store.open_lock_file(pin)
     except FileNotFoundError:
         return "gone"  # no pins/ directory: no layout here
     lock_fd = -1
     try:
-        if store.shared:
-            try:
-                os.fchmod(fd, 0o660)
-            except OSError:
-                pass  # another member's pin file: already 0660
         if not _try_flock(fd):
             return "in use"
         try:

@@ -7,7 +7,6 @@ any point leaves every complete line it wrote (a torn last line is counted in ``
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import time
@@ -103,13 +102,14 @@ def _archive_header(data: bytes) -> dict | None:
     return rec if isinstance(rec, dict) else None
 
 
-def _read_events(events_dir: str) -> list[tuple[str, bytes]]:
+def _read_events(events_dir: str) -> tuple[list[tuple[str, bytes]], list[str]]:
     """Every event file's contents, minus files already merged into an archive (left behind by
-    a compaction that was killed before deleting them: counting them again would double)."""
+    a compaction that was killed before deleting them: counting them again would double), and
+    the names of those leftovers."""
     try:
         names = sorted(n for n in os.listdir(events_dir) if n.endswith(".jsonl"))
     except FileNotFoundError:
-        return []
+        return [], []
     files = []
     merged: set[str] = set()
     for name in names:
@@ -123,13 +123,13 @@ def _read_events(events_dir: str) -> list[tuple[str, bytes]]:
             if header and isinstance(header.get("merged"), list):
                 merged.update(str(m) for m in header["merged"])
         files.append((name, data))
-    return [(n, d) for n, d in files if n not in merged]
+    return [(n, d) for n, d in files if n not in merged], [n for n, _ in files if n in merged]
 
 
 def fold_events(events_dir: str) -> EventTotals:
     """Fold every ``*.jsonl`` file under ``events_dir``."""
     totals = EventTotals()
-    for name, data in _read_events(events_dir):
+    for name, data in _read_events(events_dir)[0]:
         if not name.startswith(ARCHIVE_PREFIX):
             totals.processes += 1  # an archive says how many processes it holds
         fold_lines(data.split(b"\n"), totals)
@@ -173,12 +173,13 @@ def compact_events(events_dir: str, lock_path: str, file_mode: int = 0o600) -> i
         return 0
     try:
         try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if not try_flock_ex(lock_fd):
+                return 0
         except OSError:
             return 0
         _remove_stale_tmp(events_dir)
-        files = [(n, d) for n, d in _read_events(events_dir) if file_finished(os.path.join(events_dir, n))]
-        leftovers = _already_merged(events_dir)
+        files, leftovers = _read_events(events_dir)
+        files = [(n, d) for n, d in files if file_finished(os.path.join(events_dir, n))]
         if len(files) < 2:
             _unlink_all(events_dir, leftovers)
             return 0
@@ -209,16 +210,6 @@ def compact_events(events_dir: str, lock_path: str, file_mode: int = 0o600) -> i
         return len(names)
     finally:
         os.close(lock_fd)
-
-
-def _already_merged(events_dir: str) -> list[str]:
-    """Files named in an archive but still present (a compaction was killed mid-way)."""
-    present = {n for n, _ in _read_events(events_dir)}
-    try:
-        names = [n for n in os.listdir(events_dir) if n.endswith(".jsonl")]
-    except FileNotFoundError:
-        return []
-    return [n for n in names if n not in present]
 
 
 def _unlink_all(events_dir: str, names: list[str]) -> None:

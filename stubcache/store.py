@@ -243,14 +243,19 @@ class Store:
     def pin_path(self, key: str) -> str:
         return os.path.join(self.base, "pins", key)
 
-    def _open_pin(self, key: str) -> int:
-        fd = os.open(self.pin_path(key), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    def open_lock_file(self, path: str) -> int:
+        """Open (creating) a file used only for ``flock``: private ``0600``, or ``0660`` in a
+        shared root whatever the umask, so every member can lock it."""
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, self.mode(0o600, 0o660))
         if self.shared:
             try:
                 os.fchmod(fd, 0o660)
             except OSError:
                 pass  # created by another member: already 0660
         return fd
+
+    def _open_pin(self, key: str) -> int:
+        return self.open_lock_file(self.pin_path(key))
 
     def touch_pin(self, key: str) -> None:
         os.close(self._open_pin(key))
