@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import logging
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
 
-from .errors import ArenaClosedError, ArenaError, ArenaExhaustedError, CommitError
+from . import pool as torch_pool
+from .errors import ArenaClosedError, ArenaError, ArenaExhaustedError, CommitError, SlotsExhaustedError
 from .stub import Slot, StubLibrary, StubTiming, load_stub
 
 if TYPE_CHECKING:
@@ -23,6 +25,13 @@ DEFAULT_HOST_ALIGNMENT = 64
 
 def _align_up(value: int, alignment: int) -> int:
     return -(-value // alignment) * alignment
+
+
+def numel_bytes(shape: Sequence[int], dtype: "torch.dtype") -> int:
+    n = dtype.itemsize
+    for s in shape:
+        n *= s
+    return n
 
 
 def _parse_device(device: Any) -> tuple[str, int]:
@@ -54,14 +63,19 @@ class _Resources:
         self.backend_released = False
 
     def release_allocator(self) -> None:
-        self.pool = None  # torch hands the pool's cached segments back through our free function
+        # Dropping the last reference to the pool makes torch hand its cached segments back
+        # through the slot's free function. Whatever keeps the pool alive (a user's reference,
+        # a traceback) keeps the slot retired: torch may still call into it.
+        keepers = [weakref.ref(x) for x in (self.pool, self.allocator) if x is not None]
+        self.pool = None
         self.allocator = None
-        self.slot.release()
+        self.slot.release(keepers)
 
     def release_backend(self) -> None:
+        """Release the memory; on failure raise with what is left, and retry on the next call."""
         if not self.backend_released:
-            self.backend_released = True
             self.backend.release()
+            self.backend_released = True
 
     def release(self) -> None:
         try:
@@ -114,7 +128,7 @@ class KvArena:
 
             backend = HostBackend(reserve_bytes, granularity)
         try:
-            slot = self._stub.acquire_slot()
+            slot = self._acquire_slot(kind)
         except BaseException:
             backend.release()
             raise
@@ -140,24 +154,27 @@ class KvArena:
         log.info("kvarena: %s arena reserved %d bytes at %#x (granularity %d, alignment %d, slot %d)",
                  self.device, self.reserved, self.base, self.granularity, self.alignment, slot.index)
 
+    def _acquire_slot(self, kind: str) -> Slot:
+        try:
+            return self._stub.acquire_slot()
+        except SlotsExhaustedError:
+            if not self._stub.retired_slots():
+                raise
+        # Closed arenas whose pool died in a reference cycle, or whose blocks torch still
+        # caches in a released pool, hold retired slots: collect, let torch hand them back, retry.
+        gc.collect()
+        if kind == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
+        return self._stub.acquire_slot()
+
     def _make_pool(self) -> None:
-        import inspect
-
-        import torch
-        from torch.cuda.memory import CUDAPluggableAllocator
-
         slot = self._res.slot
         # The name of the verified open file: torch's dlopen then returns the very handle whose
         # slot table we configured, even if the cache entry was replaced on disk meanwhile.
-        allocator = CUDAPluggableAllocator(self._stub.loaded_path, slot.alloc_name, slot.free_name)
-        kwargs = {}
-        if "no_split" in inspect.signature(torch.cuda.MemPool.__init__).parameters:
-            kwargs["no_split"] = True
-        else:
-            log.warning("kvarena: torch %s has no MemPool(no_split=); torch may split arena segments "
-                        "between tensors (needs torch>=2.10)", torch.__version__)
-        self._res.allocator = allocator
-        self._res.pool = torch.cuda.MemPool(allocator.allocator(), **kwargs)
+        self._res.pool, self._res.allocator = torch_pool.make_pool(
+            self._stub.loaded_path, slot.alloc_name, slot.free_name, self._device_index)
 
     # --- state -----------------------------------------------------------------------------
 
@@ -165,6 +182,11 @@ class KvArena:
     def closed(self) -> bool:
         """True after :meth:`close`."""
         return self._closed
+
+    @property
+    def released(self) -> bool:
+        """True once the arena's memory and address range are given back (see :meth:`close`)."""
+        return self._res.backend_released
 
     @property
     def committed(self) -> int:
@@ -208,7 +230,8 @@ class KvArena:
         return self._res.pool
 
     def stats(self) -> dict:
-        """The allocator's own view: base, reserved, align, cursor, nalloc, nfree, nfail."""
+        """The allocator's own view: base, reserved, align, cursor, nalloc, nfree, nfail,
+        live (allocations not freed yet) and gen (the slot's configuration count)."""
         self._check_open()
         return self._res.slot.stats()
 
@@ -242,21 +265,36 @@ class KvArena:
     def uncommit_beyond(self, nbytes: int) -> int:
         """Release the memory beyond the first ``nbytes`` (rounded up); returns bytes released.
 
-        Tensors keep their addresses; touching their uncommitted part faults (host) or is an
-        illegal address (CUDA) until it is committed again, when it reads as zeros (host).
+        Live tensors keep their addresses; touching their uncommitted part faults (host) or is
+        an illegal address (CUDA) until it is committed again, when it reads as zeros (host).
+        On CUDA, raises :class:`ArenaError` and releases nothing if torch's pool holds a *cached*
+        block (a freed tensor's memory, which torch would hand out again without asking the
+        arena) in the range that would be unmapped.
         """
         with self._lock:
             self._check_open()
             keep = _align_up(max(int(nbytes), 0), self.granularity)
             if keep >= self._committed:
                 return 0
+            target = self._res.backend.shrink_target(keep)
+            if target >= self._committed:
+                return 0
+            if self._res.pool is not None:
+                cached = torch_pool.cached_blocks(torch_pool.snapshot(self._res.pool),
+                                                  self.base + target, self.base + self._committed)
+                if cached:
+                    raise ArenaError(
+                        f"uncommit_beyond({nbytes}) would unmap [{target}, {self._committed}) under cached "
+                        f"block(s) of torch's pool {torch_pool.describe(cached, self.base)}; torch hands "
+                        "those out again without asking the arena, and the first write to one would be an "
+                        "illegal address that breaks the CUDA context. Keep the tensors there alive across "
+                        "uncommit (a live tensor may extend past the commit point), or close and recreate "
+                        "the arena")
             try:
                 new = self._res.backend.shrink(keep, self._committed)
             except BaseException:
                 # Part of the range may be gone already: never claim memory that is unmapped.
-                mapped = getattr(self._res.backend, "mapped_bytes", None)
-                if mapped is not None:
-                    self._committed = mapped()
+                self._committed = self._res.backend.mapped_bytes()
                 raise
             freed = self._committed - new
             self._committed = new
@@ -271,9 +309,12 @@ class KvArena:
 
         ``with arena.use(): kv = torch.empty(shape, dtype=..., device=arena.device)``. An
         allocation that does not fit in the reservation raises :class:`ArenaExhaustedError`.
+        On leaving, torch's view of the pool is checked (:meth:`check_pool`): memory that did
+        not come from the arena raises :class:`ArenaError` instead of passing silently.
         """
         self._check_open()
-        if self._res.pool is None:
+        pool = self._res.pool
+        if pool is None:
             raise ArenaError("use() routes torch's CUDA allocator into the arena; a host arena has no "
                              "such hook: allocate with arena.tensor(shape, dtype)")
         import torch
@@ -281,12 +322,34 @@ class KvArena:
         slot = self._res.slot
         failed_before = slot.stats()["nfail"]
         try:
-            with torch.cuda.use_mem_pool(self._res.pool, device=self._device_index):
-                yield self._res.pool
+            with torch.cuda.use_mem_pool(pool, device=self._device_index):
+                yield pool
         except RuntimeError as exc:
             if not isinstance(exc, ArenaError) and slot.stats()["nfail"] > failed_before:
                 raise self._exhausted("a torch allocation") from exc
             raise
+        finally:
+            del pool  # a traceback holding this frame must not keep the pool (and the slot) alive
+        self.check_pool()
+
+    def check_pool(self) -> None:
+        """CUDA: raise :class:`ArenaError` if torch's pool holds memory the arena did not hand out.
+
+        torch binds a pool to one device; allocations routed to it on another device, or by a
+        pool torch made behind our back, come from plain ``cudaMalloc``. Every segment of the
+        pool must lie in ``[base, base + reserved)`` on the arena's device.
+        """
+        self._check_open()
+        if self._res.pool is None:
+            return
+        snap = torch_pool.snapshot(self._res.pool)
+        foreign = torch_pool.foreign_segments(snap, self._device_index, self.base, self.reserved)
+        if foreign:
+            raise ArenaError(
+                f"torch's pool of this {self.device} arena holds memory that did not come from the arena "
+                f"(segments {torch_pool.describe(foreign, self.base)}; arena [{self.base:#x}, "
+                f"{self.base + self.reserved:#x})): allocations were routed to the pool on another device "
+                "or the pool is bound to the wrong device; those tensors are plain cudaMalloc memory")
 
     def _exhausted(self, what: str) -> ArenaExhaustedError:
         st = self._res.slot.stats()
@@ -301,7 +364,8 @@ class KvArena:
         On CUDA this is ``torch.empty`` under :meth:`use`. On the host the stub's allocation
         function is called directly and the memory wrapped with ``torch.frombuffer``; the range
         is given back to the allocator when the tensor (and every view of it) is gone. With
-        ``check_committed`` (default) a host tensor must lie in committed memory.
+        ``check_committed`` (default) the tensor must lie in committed memory (on CUDA, torch
+        may hand back a cached block anywhere in the arena, so it is checked after the fact).
         """
         import torch
 
@@ -312,7 +376,15 @@ class KvArena:
             raise ValueError(f"negative dimension in shape {shape}")
         if self._res.pool is not None:
             with self.use():
-                return torch.empty(shape, dtype=dtype, device=self.device)
+                t = torch.empty(shape, dtype=dtype, device=self.device)
+            end = t.data_ptr() - self.base + t.numel() * t.element_size()
+            if check_committed and t.numel() and end > self._committed:
+                del t
+                raise ArenaError(f"a tensor of {numel_bytes(shape, dtype)} bytes landed at offset "
+                                 f"{end - numel_bytes(shape, dtype)}, ending at {end}, past the "
+                                 f"{self._committed} committed bytes; commit({end}) first or pass "
+                                 "check_committed=False")
+            return t
         numel = 1
         for s in shape:
             numel *= s
@@ -339,8 +411,7 @@ class KvArena:
     def _host_freed(self, slot: Slot, ptr: int, nbytes: int) -> None:
         with self._lock:
             self._live -= 1
-            if not slot.released:
-                slot.free(ptr, nbytes)
+            slot.free(ptr, nbytes)  # also after close: the slot is not reused until this count drops
             if self._closed and self._live == 0:
                 log.debug("kvarena: last host tensor gone; releasing the closed arena's mapping")
                 self._res.release_backend()
@@ -348,25 +419,30 @@ class KvArena:
     # --- teardown --------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Release the slot, the pool and the reservation. Idempotent.
+        """Release the slot, the pool and the reservation. Idempotent, and retryable.
 
         A host arena whose tensors are still alive keeps its mapping until the last one is
-        gone; a CUDA arena synchronizes the device and unmaps at once.
+        gone; a CUDA arena synchronizes the device and unmaps at once. If giving the memory
+        back fails, :class:`ArenaError` says what is still held (mappings, the address range,
+        the context reference) and a later ``close()`` retries just that; :attr:`released`
+        tells whether it is done. The slot is reused only when torch can no longer call into
+        it: once the pool is gone and every block it got from the slot has been freed.
         """
         with self._lock:
-            if self._closed:
-                return
-            self._last_cursor = self._res.slot.cursor()
-            self._closed = True
-            self._finalizer.detach()
-            try:
-                self._res.release_allocator()
-            finally:
-                if self._live:
-                    log.info("kvarena: arena closed with %d live host tensor(s); unmapping when they are gone",
-                             self._live)
-                else:
-                    self._res.release_backend()
+            if not self._closed:
+                self._last_cursor = self._res.slot.cursor()
+                self._closed = True
+                self._finalizer.detach()
+                try:
+                    self._res.release_allocator()
+                finally:
+                    if self._live:
+                        log.info("kvarena: arena closed with %d live host tensor(s); unmapping when they are "
+                                 "gone", self._live)
+                    else:
+                        self._res.release_backend()
+            elif not self._live:
+                self._res.release_backend()
 
     def __enter__(self) -> "KvArena":
         return self

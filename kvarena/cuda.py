@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 from .errors import ArenaError, CudaUnavailableError
@@ -46,6 +47,16 @@ def _driver():
     return driver
 
 
+@dataclass
+class _Mapping:
+    """One physical allocation mapped at ``base + offset``; undone in two steps that can fail."""
+
+    offset: int
+    size: int
+    handle: Any
+    mapped: bool = True  # False once cuMemUnmap succeeded but cuMemRelease has not
+
+
 class CudaBackend:
     """A CUDA virtual address range on one device, committed in granularity-aligned mappings."""
 
@@ -62,8 +73,11 @@ class CudaBackend:
             raise CudaUnavailableError(f"CUDA driver initialisation failed: {exc}") from None
         self._dev = self._check(cu.cuDeviceGet(device_index), "cuDeviceGet")
         self._ctx = self._check(cu.cuDevicePrimaryCtxRetain(self._dev), "cuDevicePrimaryCtxRetain")
-        self._mappings: list[tuple[int, int, Any]] = []  # (offset, size, handle), ascending
+        self._ctx_held = True
+        self._mappings: list[_Mapping] = []  # ascending offsets
         self.base = 0
+        self.reserved = 0
+        self._range_held = False
         try:
             prop = cu.CUmemAllocationProp()
             prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
@@ -84,8 +98,10 @@ class CudaBackend:
                 ptr = self._check(cu.cuMemAddressReserve(self.reserved, self.granularity, 0, 0),
                                   f"cuMemAddressReserve({self.reserved})")
                 self.base = int(ptr)
+                self._range_held = True
         except BaseException:
             cu.cuDevicePrimaryCtxRelease(self._dev)
+            self._ctx_held = False
             raise
 
     def _check(self, result: Any, what: str) -> Any:
@@ -121,7 +137,24 @@ class CudaBackend:
                     cu.cuMemUnmap(addr, size)  # best effort: the original error is what matters
                 cu.cuMemRelease(handle)
                 raise
-        self._mappings.append((old, size, handle))
+        self._mappings.append(_Mapping(old, size, handle))
+
+    def shrink_target(self, keep: int) -> int:
+        """What :meth:`shrink` ``(keep, ...)`` would leave mapped (whole mappings only)."""
+        end = self.mapped_bytes()
+        for m in reversed(self._mappings):
+            if m.offset < keep:
+                break
+            end = m.offset
+        return end
+
+    def _undo(self, m: _Mapping) -> None:
+        """Unmap and release one mapping; each step is done once, so a failed one can be retried."""
+        if m.mapped:
+            self._check(self._cu.cuMemUnmap(self.base + m.offset, m.size), f"cuMemUnmap(+{m.offset}, {m.size})")
+            m.mapped = False
+        self._check(self._cu.cuMemRelease(m.handle), f"cuMemRelease(+{m.offset}, {m.size})")
+        self._mappings.remove(m)
 
     def shrink(self, keep: int, old: int) -> int:
         """Unmap and release every mapping that starts at or after ``keep``.
@@ -131,32 +164,67 @@ class CudaBackend:
         """
         self._synchronize()
         with self._current():
-            while self._mappings and self._mappings[-1][0] >= keep:
-                offset, size, handle = self._mappings[-1]
-                self._check(self._cu.cuMemUnmap(self.base + offset, size), f"cuMemUnmap(+{offset}, {size})")
-                self._mappings.pop()
-                self._check(self._cu.cuMemRelease(handle), "cuMemRelease")
+            while self._mappings and self._mappings[-1].offset >= keep:
+                self._undo(self._mappings[-1])
         return self.mapped_bytes()
 
     def mapped_bytes(self) -> int:
-        """End of the last mapping: how much of the range is backed right now."""
-        return self._mappings[-1][0] + self._mappings[-1][1] if self._mappings else 0
+        """End of the last mapping still mapped: how much of the range is backed right now."""
+        mapped = [m for m in self._mappings if m.mapped]
+        return mapped[-1].offset + mapped[-1].size if mapped else 0
 
     def _synchronize(self) -> None:
         import torch
 
         torch.cuda.synchronize(self.device_index)
 
+    def leftover(self) -> str:
+        """What this backend still holds, in words (empty when everything is released)."""
+        parts = []
+        if self._mappings:
+            nbytes = sum(m.size for m in self._mappings)
+            unmapped = sum(1 for m in self._mappings if not m.mapped)
+            parts.append(f"{len(self._mappings)} physical allocation(s) of {nbytes} bytes"
+                         + (f" ({unmapped} unmapped but not released)" if unmapped else ""))
+        if self._range_held:
+            parts.append(f"the address range {self.base:#x} ({self.reserved} bytes)")
+        if self._ctx_held:
+            parts.append(f"a reference on cuda:{self.device_index}'s primary context")
+        return ", ".join(parts)
+
     def release(self) -> None:
-        """Unmap everything, free the address range and drop the primary-context reference."""
+        """Unmap and release everything, free the address range, then drop the context reference.
+
+        Each step is recorded as it succeeds. If one fails, the others still run where they
+        can, and :class:`ArenaError` names what is still held; calling again retries only that.
+        The context reference is dropped last, only when nothing else is left.
+        """
+        if not self._ctx_held:
+            return
+        errors: list[str] = []
         try:
-            if self._mappings:
-                self.shrink(0, 0)
-            else:
-                self._synchronize()
-            if self.base:
-                with self._current():
-                    self._check(self._cu.cuMemAddressFree(self.base, self.reserved), "cuMemAddressFree")
-                self.base = 0
-        finally:
-            self._cu.cuDevicePrimaryCtxRelease(self._dev)
+            self._synchronize()
+        except Exception as exc:  # a broken context: unmapping may still work, and must be tried
+            errors.append(f"synchronize: {exc}")
+        try:
+            with self._current():
+                for m in reversed(list(self._mappings)):
+                    try:
+                        self._undo(m)
+                    except ArenaError as exc:
+                        errors.append(str(exc))
+                if self._range_held and not self._mappings:
+                    try:
+                        self._check(self._cu.cuMemAddressFree(self.base, self.reserved), "cuMemAddressFree")
+                        self._range_held = False
+                    except ArenaError as exc:
+                        errors.append(str(exc))
+        except ArenaError as exc:  # cuCtxPushCurrent itself
+            errors.append(str(exc))
+        if self._mappings or self._range_held:
+            raise ArenaError(f"releasing the CUDA arena on cuda:{self.device_index} failed ({'; '.join(errors)}); "
+                             f"still held: {self.leftover()}; close() again to retry")
+        if errors:
+            log.warning("kvarena: CUDA arena on cuda:%d released after: %s", self.device_index, "; ".join(errors))
+        self._cu.cuDevicePrimaryCtxRelease(self._dev)
+        self._ctx_held = False

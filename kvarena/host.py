@@ -63,11 +63,22 @@ class HostBackend:
         if addr is None or addr == MAP_FAILED:
             raise _oserror(f"mmap(PROT_NONE, {self.reserved} bytes)", "; is the address space limited (ulimit -v)?")
         self.base = int(addr)
+        self._end = 0  # committed bytes from base
+        self._released = False
 
     def grow(self, old: int, new: int) -> None:
         """Make ``[base+old, base+new)`` readable and writable (both granularity-aligned)."""
         if _lib().mprotect(self.base + old, new - old, PROT_RW) != 0:
             raise _oserror(f"mprotect(+{old}, {new - old}, READ|WRITE)")
+        self._end = new
+
+    def shrink_target(self, keep: int) -> int:
+        """What :meth:`shrink` ``(keep, ...)`` would leave committed: ``keep`` itself."""
+        return keep
+
+    def mapped_bytes(self) -> int:
+        """Bytes from ``base`` that are committed right now."""
+        return self._end
 
     def shrink(self, keep: int, old: int) -> int:
         """Drop the pages of ``[base+keep, base+old)`` and make them inaccessible; returns ``keep``."""
@@ -77,9 +88,15 @@ class HostBackend:
             raise _oserror(f"madvise(+{keep}, {size}, DONTNEED)")
         if libc.mprotect(self.base + keep, size, PROT_NONE) != 0:
             raise _oserror(f"mprotect(+{keep}, {size}, NONE)")
+        self._end = keep
         return keep
 
     def release(self) -> None:
-        """Unmap the whole reservation."""
+        """Unmap the whole reservation; if that fails, say what is left (a retry tries again)."""
+        if self._released:
+            return
         if _lib().munmap(self.base, self.reserved) != 0:
-            raise _oserror(f"munmap({self.reserved} bytes)")
+            raise _oserror(f"munmap({self.reserved} bytes)",
+                           f"; still held: the reservation at {self.base:#x} ({self.reserved} bytes, "
+                           f"{self._end} committed); close() again to retry")
+        self._released = True

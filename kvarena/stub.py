@@ -20,7 +20,8 @@ import logging
 import os
 import threading
 import time
-from typing import Optional
+import weakref
+from typing import Any, Optional, Sequence
 
 import stubcache
 
@@ -31,7 +32,7 @@ log = logging.getLogger("kvarena")
 #: Number of allocator slots (independent arenas per process) the stub provides.
 NSLOTS = 64
 #: Bumped whenever the C interface below changes.
-ABI_VERSION = 1
+ABI_VERSION = 2
 STUB_NAME = "kvarena_alloc_stub"
 
 _HEADER = r"""// kvarena allocator stub: NSLOTS independent, thread-safe bump allocators.
@@ -48,6 +49,8 @@ typedef struct {
   size_t align;        // power of two; every returned pointer is a multiple of it
   size_t cursor;       // bytes handed out so far (offset from base)
   size_t nalloc, nfree, nfail;
+  size_t live;         // allocations not freed yet; survives unconfigure, blocks reconfigure
+  size_t gen;          // bumped by every configure; unconfigure must name the current one
 } __attribute__((aligned(64))) kva_slot;
 
 static kva_slot g_slots[KVA_NSLOTS];
@@ -69,6 +72,7 @@ static void* kva_alloc(kva_slot* s, size_t size) {
     if (__atomic_compare_exchange_n(&s->cursor, &cur, off + size, 1,
                                     __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
       __atomic_fetch_add(&s->nalloc, 1, __ATOMIC_RELAXED);
+      __atomic_fetch_add(&s->live, 1, __ATOMIC_ACQ_REL);
       return (void*)aligned;
     }
   }
@@ -82,25 +86,44 @@ static void kva_free(kva_slot* s, void* ptr, size_t size) {
   // Freeing the most recent allocation rewinds the cursor (LIFO); other frees only count.
   __atomic_compare_exchange_n(&s->cursor, &end, off, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
   __atomic_fetch_add(&s->nfree, 1, __ATOMIC_RELAXED);
+  size_t live = __atomic_load_n(&s->live, __ATOMIC_RELAXED);
+  while (live != 0 && !__atomic_compare_exchange_n(&s->live, &live, live - 1, 1,
+                                                   __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+  }
 }
 
 extern "C" {
 int kvarena_abi(void) { return KVA_ABI; }
 int kvarena_nslots(void) { return KVA_NSLOTS; }
 
-// Point slot at [base, base+reserved) with the given alignment; resets cursor and counters.
-int kvarena_configure(int slot, uintptr_t base, size_t reserved, size_t align) {
+// Point slot at [base, base+reserved) with the given alignment; resets cursor and counters and
+// returns the slot's new generation (> 0). Refused (-3) while allocations of an earlier
+// configuration are not freed: a late free from that arena's pool would otherwise rewind this one.
+long kvarena_configure(int slot, uintptr_t base, size_t reserved, size_t align) {
   if (slot < 0 || slot >= KVA_NSLOTS) return -1;
-  if (align == 0 || (align & (align - 1)) != 0) return -2;
+  if (align == 0 || (align & (align - 1)) != 0 || reserved == 0) return -2;
   kva_slot* s = &g_slots[slot];
-  __atomic_store_n(&s->reserved, (size_t)0, __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(&s->reserved, __ATOMIC_ACQUIRE) != 0) return -4;  // configured: unconfigure first
+  if (__atomic_load_n(&s->live, __ATOMIC_ACQUIRE) != 0) return -3;
   __atomic_store_n(&s->base, base, __ATOMIC_RELAXED);
   __atomic_store_n(&s->align, align, __ATOMIC_RELAXED);
   __atomic_store_n(&s->cursor, (size_t)0, __ATOMIC_RELAXED);
   __atomic_store_n(&s->nalloc, (size_t)0, __ATOMIC_RELAXED);
   __atomic_store_n(&s->nfree, (size_t)0, __ATOMIC_RELAXED);
   __atomic_store_n(&s->nfail, (size_t)0, __ATOMIC_RELAXED);
+  size_t gen = __atomic_add_fetch(&s->gen, 1, __ATOMIC_ACQ_REL);
   __atomic_store_n(&s->reserved, reserved, __ATOMIC_RELEASE);
+  return (long)gen;
+}
+
+// Stop slot from allocating (every later alloc returns NULL); frees are still counted. Only the
+// configuration that is current may do this (-4 otherwise), so a stale owner cannot disarm a
+// slot that already serves another arena.
+int kvarena_unconfigure(int slot, size_t gen) {
+  if (slot < 0 || slot >= KVA_NSLOTS) return -1;
+  kva_slot* s = &g_slots[slot];
+  if (__atomic_load_n(&s->gen, __ATOMIC_ACQUIRE) != gen) return -4;
+  __atomic_store_n(&s->reserved, (size_t)0, __ATOMIC_SEQ_CST);
   return 0;
 }
 
@@ -109,7 +132,7 @@ size_t kvarena_cursor(int slot) {
   return __atomic_load_n(&g_slots[slot].cursor, __ATOMIC_ACQUIRE);
 }
 
-// out[0..6] = base, reserved, align, cursor, nalloc, nfree, nfail
+// out[0..8] = base, reserved, align, cursor, nalloc, nfree, nfail, live, gen
 int kvarena_stats(int slot, size_t* out) {
   if (slot < 0 || slot >= KVA_NSLOTS || out == NULL) return -1;
   kva_slot* s = &g_slots[slot];
@@ -120,6 +143,8 @@ int kvarena_stats(int slot, size_t* out) {
   out[4] = __atomic_load_n(&s->nalloc, __ATOMIC_RELAXED);
   out[5] = __atomic_load_n(&s->nfree, __ATOMIC_RELAXED);
   out[6] = __atomic_load_n(&s->nfail, __ATOMIC_RELAXED);
+  out[7] = __atomic_load_n(&s->live, __ATOMIC_ACQUIRE);
+  out[8] = __atomic_load_n(&s->gen, __ATOMIC_ACQUIRE);
   return 0;
 }
 
@@ -186,6 +211,9 @@ class StubTiming:
                 f"{self.build_seconds * 1e3:.1f} ms via {self.method}, key={self.key[:12]})")
 
 
+STAT_NAMES = ("base", "reserved", "align", "cursor", "nalloc", "nfree", "nfail", "live", "gen")
+
+
 class Slot:
     """One allocator slot of a loaded stub, held by one arena until :meth:`release`."""
 
@@ -200,14 +228,22 @@ class Slot:
         self._free = getattr(stub.lib, self.free_name)
         self._free.restype = None
         self._free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        self.gen = 0  # the stub's generation of this slot while we hold it configured
         self.released = False
 
     def configure(self, base: int, reserved: int, align: int) -> None:
         """Point the slot at ``[base, base + reserved)``; resets its cursor and counters."""
-        rc = self.stub._configure(self.index, base, reserved, align)
-        if rc != 0:
-            raise ValueError(f"kvarena_configure(slot={self.index}, align={align}) failed ({rc}); "
-                             "alignment must be a power of two")
+        rc = int(self.stub._configure(self.index, base, reserved, align))
+        if rc > 0:
+            self.gen = rc
+            return
+        if rc == -2:
+            raise ValueError(f"kvarena_configure(slot={self.index}, reserved={reserved}, align={align}) "
+                             "failed: alignment must be a power of two and the range non-empty")
+        if rc == -3:
+            raise ArenaError(f"allocator slot {self.index} still has {self.stats()['live']} allocation(s) of a "
+                             "closed arena outstanding; it must not serve a new arena before they are freed")
+        raise ArenaError(f"kvarena_configure(slot={self.index}) failed ({rc}): the slot is already configured")
 
     def alloc(self, size: int, device: int = -1) -> Optional[int]:
         """Allocate ``size`` bytes through the slot's exported function; ``None`` when full."""
@@ -222,18 +258,22 @@ class Slot:
         return int(self.stub._cursor(self.index))
 
     def stats(self) -> dict:
-        """``base, reserved, align, cursor, nalloc, nfree, nfail`` as the stub sees them."""
-        out = (ctypes.c_size_t * 7)()
-        self.stub._stats(self.index, out)
-        names = ("base", "reserved", "align", "cursor", "nalloc", "nfree", "nfail")
-        return dict(zip(names, (int(v) for v in out)))
+        """``base, reserved, align, cursor, nalloc, nfree, nfail, live, gen`` as the stub sees them."""
+        return self.stub.slot_stats(self.index)
 
-    def release(self) -> None:
-        """Unconfigure the slot (every later allocation fails) and return it to the pool."""
+    def release(self, keepers: Sequence["weakref.ref[Any]"] = ()) -> None:
+        """Unconfigure the slot (every later allocation fails) and hand it back to the stub.
+
+        The slot is reused only once nothing can call into it any more: every allocation it
+        made has been freed (the stub's ``live`` count is 0) and every object in ``keepers``
+        (weak references to whatever can still allocate through it: a torch ``MemPool`` and
+        its allocator) is gone. Until then it stays retired.
+        """
         if not self.released:
             self.released = True
-            self.stub._configure(self.index, 0, 0, 1)
-            self.stub._release(self.index)
+            if self.gen:
+                self.stub._unconfigure(self.index, self.gen)
+            self.stub._retire(self.index, list(keepers))
 
 
 class StubLibrary:
@@ -247,40 +287,81 @@ class StubLibrary:
         #: anything that ``dlopen``s by path (torch's CUDAPluggableAllocator)
         self.loaded_path = lib._name
         self.timing = timing
+        abi = int(lib.kvarena_abi())
+        if abi != ABI_VERSION:
+            raise ArenaError(f"allocator stub {self.path} has ABI {abi}, expected {ABI_VERSION}")
         self._configure = lib.kvarena_configure
-        self._configure.restype = ctypes.c_int
+        self._configure.restype = ctypes.c_long
         self._configure.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_size_t]
+        self._unconfigure = lib.kvarena_unconfigure
+        self._unconfigure.restype = ctypes.c_int
+        self._unconfigure.argtypes = [ctypes.c_int, ctypes.c_size_t]
         self._cursor = lib.kvarena_cursor
         self._cursor.restype = ctypes.c_size_t
         self._cursor.argtypes = [ctypes.c_int]
         self._stats = lib.kvarena_stats
         self._stats.restype = ctypes.c_int
         self._stats.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_size_t)]
-        abi = int(lib.kvarena_abi())
         self.nslots = int(lib.kvarena_nslots())
-        if abi != ABI_VERSION:
-            raise ArenaError(f"allocator stub {self.path} has ABI {abi}, expected {ABI_VERSION}")
         self._lock = threading.Lock()
         self._free_slots = list(range(self.nslots - 1, -1, -1))  # pop() hands out 0 first
+        self._retired: dict[int, list[weakref.ref]] = {}  # closed, waiting for their last caller
+
+    def slot_stats(self, index: int) -> dict:
+        """The stub's counters of slot ``index`` (see :meth:`Slot.stats`)."""
+        out = (ctypes.c_size_t * len(STAT_NAMES))()
+        if self._stats(index, out) != 0:
+            raise ValueError(f"no slot {index} in the kvarena stub ({self.nslots} slots)")
+        return dict(zip(STAT_NAMES, (int(v) for v in out)))
 
     def acquire_slot(self) -> Slot:
         """Take a free slot, or raise :class:`SlotsExhaustedError`."""
         with self._lock:
+            self._reclaim_locked()
             if not self._free_slots:
+                waiting = ""
+                if self._retired:
+                    waiting = (f"; {len(self._retired)} of them belong to closed arenas whose torch pool, "
+                               "tensors or cached blocks are still alive: drop those references (and call "
+                               "torch.cuda.empty_cache() so torch hands cached blocks back)")
                 raise SlotsExhaustedError(
-                    f"all {self.nslots} allocator slots of the kvarena stub are held by open arenas in "
-                    f"this process (pid {os.getpid()}); close an arena before opening another")
+                    f"all {self.nslots} allocator slots of the kvarena stub are held in this process "
+                    f"(pid {os.getpid()}){waiting}; close an arena before opening another")
             index = self._free_slots.pop()
         return Slot(self, index)
 
-    def _release(self, index: int) -> None:
+    def _retire(self, index: int, keepers: list) -> None:
         with self._lock:
             if index not in self._free_slots:
-                self._free_slots.append(index)
+                self._retired[index] = keepers
+            self._reclaim_locked()
+
+    def _reclaim_locked(self) -> int:
+        back = 0
+        for index, keepers in list(self._retired.items()):
+            if any(ref() is not None for ref in keepers) or self.slot_stats(index)["live"]:
+                continue
+            del self._retired[index]
+            self._free_slots.append(index)
+            back += 1
+        if back:
+            log.debug("kvarena: %d retired allocator slot(s) free again", back)
+        return back
+
+    def reclaim(self) -> int:
+        """Return retired slots whose last caller is gone to the free list; how many came back."""
+        with self._lock:
+            return self._reclaim_locked()
+
+    def retired_slots(self) -> list[int]:
+        """Slots of closed arenas still waiting for their pool or allocations to go away."""
+        with self._lock:
+            return sorted(self._retired)
 
     def free_slots(self) -> int:
-        """How many slots are still available in this process."""
+        """How many slots are available right now in this process."""
         with self._lock:
+            self._reclaim_locked()
             return len(self._free_slots)
 
 
