@@ -169,9 +169,13 @@ class CudaBackend:
         return self.mapped_bytes()
 
     def mapped_bytes(self) -> int:
-        """End of the last mapping still mapped: how much of the range is backed right now."""
-        mapped = [m for m in self._mappings if m.mapped]
-        return mapped[-1].offset + mapped[-1].size if mapped else 0
+        """How much of the range, from ``base``, is backed without a gap right now."""
+        end = 0
+        for m in self._mappings:
+            if not m.mapped or m.offset != end:
+                break
+            end += m.size
+        return end
 
     def _synchronize(self) -> None:
         import torch

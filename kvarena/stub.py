@@ -356,6 +356,7 @@ class StubLibrary:
     def retired_slots(self) -> list[int]:
         """Slots of closed arenas still waiting for their pool or allocations to go away."""
         with self._lock:
+            self._reclaim_locked()
             return sorted(self._retired)
 
     def free_slots(self) -> int:

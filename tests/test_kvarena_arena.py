@@ -260,3 +260,65 @@ def test_cuda_backend_without_driver_is_a_clear_error():
 def test_import_does_not_import_torch_or_cuda_bindings():
     proc = run_py("import sys, kvarena; print('torch' in sys.modules, 'cuda.bindings' in sys.modules)")
     assert proc.stdout.split() == ["False", "False"]
+
+
+def test_closed_arenas_slot_waits_for_its_live_tensors(cache):
+    """A host arena's tensors are its allocations: a late free must never reach a reused slot."""
+    stub = load_stub(cache)
+    a = KvArena(1 << 16, cache=cache)
+    a.commit(PAGE)
+    t = a.tensor(PAGE, torch.uint8)  # at offset 0; its free would rewind a cursor to 0
+    t.fill_(1)
+    a.close()
+    assert a.slot in stub.retired_slots()
+    with KvArena(1 << 16, cache=cache) as b:
+        assert b.slot != a.slot
+        b.commit(2 * PAGE)
+        tb = b.tensor(PAGE, torch.uint8)
+        tb.fill_(2)
+        del t  # the late free: counted on a's slot, a's mapping goes
+        assert not _mapped(a.base)
+        assert a.slot not in stub.retired_slots()
+        tb2 = b.tensor(PAGE, torch.uint8)
+        assert tb2.data_ptr() == tb.data_ptr() + PAGE
+        tb2.fill_(3)
+        assert int(tb.sum()) == 2 * PAGE
+        with KvArena(1 << 16, cache=cache) as c:
+            assert c.slot == a.slot and c.cursor == 0
+
+
+class _FailingMunmap:
+    """libc, except that munmap fails the first ``n`` times (a release that hits an error)."""
+
+    def __init__(self, libc, n: int) -> None:
+        self._libc, self.n = libc, n
+
+    def __getattr__(self, name):
+        return getattr(self._libc, name)
+
+    def munmap(self, addr, size):
+        if self.n:
+            self.n -= 1
+            import ctypes
+            import errno
+
+            ctypes.set_errno(errno.EINVAL)
+            return -1
+        return self._libc.munmap(addr, size)
+
+
+def test_a_failed_release_says_what_is_left_and_close_retries_it(cache, monkeypatch):
+    from kvarena import host
+
+    a = KvArena(1 << 16, cache=cache)
+    a.commit(PAGE)
+    monkeypatch.setattr(host, "_libc", _FailingMunmap(host._lib(), 1))
+    with pytest.raises(ArenaError, match=r"munmap\(65536 bytes\) failed.*still held: the reservation at "
+                                         rf"{a.base:#x} \(65536 bytes, 4096 committed\); close\(\) again"):
+        a.close()
+    assert a.closed and not a.released and _mapped(a.base)
+    with pytest.raises(ArenaClosedError):
+        a.commit(1)
+    a.close()  # the retry
+    assert a.released and not _mapped(a.base)
+    a.close()

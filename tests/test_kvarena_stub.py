@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import weakref
 
 import pytest
 
@@ -137,3 +138,122 @@ def test_many_threads_never_overlap(stub):
         assert slot.cursor() == spans[-1][0] + spans[-1][1] - ctypes.addressof(buf)
     finally:
         slot.release()
+
+
+class _Keeper:
+    """Stands in for what can still call into a slot (torch's MemPool and its allocator)."""
+
+
+def _torch_side(stub, slot):
+    """The slot's exported pair through a second dlopen, as CUDAPluggableAllocator calls them."""
+    lib = ctypes.CDLL(stub.loaded_path)
+    alloc = getattr(lib, slot.alloc_name)
+    alloc.restype = ctypes.c_void_p
+    alloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    free = getattr(lib, slot.free_name)
+    free.restype = None
+    free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    return alloc, free
+
+
+def test_a_late_free_cannot_rewind_another_arenas_cursor(stub):
+    """The reuse bug: arena A closes while torch still caches a block A's slot handed out and
+    still holds A's pool; the slot must not serve arena B until both are gone."""
+    buf = ctypes.create_string_buffer((1 << 16) + 64)
+    base = (ctypes.addressof(buf) + 63) & ~63
+    a = stub.acquire_slot()
+    a.configure(base, 1 << 15, 64)
+    alloc, free = _torch_side(stub, a)
+    cached = alloc(4096, 0, None)  # a freed tensor's block, cached in A's pool
+    assert cached == base and a.stats()["live"] == 1
+    pool = _Keeper()
+    a.release([weakref.ref(pool)])
+    assert alloc(64, 0, None) is None  # a closed arena's slot hands out nothing more
+    assert a.index in stub.retired_slots()
+
+    held = []
+    while stub.free_slots():  # every other slot: none of them may be A's
+        held.append(stub.acquire_slot())
+    try:
+        assert a.index not in {s.index for s in held}
+        with pytest.raises(SlotsExhaustedError, match="1 of them belong to closed arenas"):
+            stub.acquire_slot()
+        # the stub itself refuses too: reconfiguring under a live allocation is what corrupts
+        assert stub._configure(a.index, base + (1 << 15), 1 << 15, 64) == -3
+
+        b = held[0]
+        b.configure(base + (1 << 15), 1 << 15, 64)
+        tb = b.alloc(4096)
+        del pool  # the pool goes; torch empties its cache through A's free function
+        free(cached, 4096, 0, None)
+        assert b.cursor() == 4096 and b.alloc(64) == tb + 4096  # B's cursor never moved back
+        assert a.stats()["live"] == 0
+        assert stub.retired_slots() == []  # now, and only now, A's slot is free again
+        again = stub.acquire_slot()
+        assert again.index == a.index
+        again.configure(base, 1 << 15, 64)
+        assert again.stats()["gen"] == a.gen + 1 and again.cursor() == 0
+        held.append(again)
+    finally:
+        for s in held:
+            s.release()
+
+
+def test_a_slot_stays_retired_while_its_pool_lives(stub):
+    slot = stub.acquire_slot()
+    buf = ctypes.create_string_buffer(4096)
+    slot.configure(ctypes.addressof(buf), 4096, 16)
+    pool = _Keeper()
+    slot.release([weakref.ref(pool)])  # nothing allocated, but the pool could still allocate
+    assert slot.index in stub.retired_slots()
+    assert stub.reclaim() == 0
+    del pool
+    assert stub.reclaim() == 1 and slot.index not in stub.retired_slots()
+
+
+def test_a_stale_owner_cannot_disarm_the_slot_of_another_arena(stub):
+    buf = ctypes.create_string_buffer(8192)
+    old = stub.acquire_slot()
+    old.configure(ctypes.addressof(buf), 4096, 16)
+    old_gen = old.gen
+    old.release()
+    new = stub.acquire_slot()
+    assert new.index == old.index
+    try:
+        new.configure(ctypes.addressof(buf) + 4096, 4096, 16)
+        assert new.gen == old_gen + 1
+        assert stub._unconfigure(new.index, old_gen) == -4
+        assert new.alloc(16) == ctypes.addressof(buf) + 4096  # still armed
+        assert stub._configure(new.index, ctypes.addressof(buf), 4096, 16) == -4  # configured: refuse
+    finally:
+        new.release()
+
+
+def test_live_counts_every_unfreed_allocation_across_threads(stub):
+    slot = stub.acquire_slot()
+    size = 1 << 20
+    buf = ctypes.create_string_buffer(size)
+    slot.configure(ctypes.addressof(buf), size, 8)
+    got: list[list[int]] = [[] for _ in range(8)]
+
+    def work(k: int) -> None:
+        for _ in range(500):
+            got[k].append(slot.alloc(8))
+        for p in got[k][::2]:
+            slot.free(p, 8)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    st = slot.stats()
+    assert st["nalloc"] == 4000 and st["nfree"] == 2000 and st["live"] == 2000
+    for ps in got:
+        for p in ps[1::2]:
+            slot.free(p, 8)
+    assert slot.stats()["live"] == 0
+    slot.free(ctypes.addressof(buf), 8)  # a stray free never wraps the count below zero
+    assert slot.stats()["live"] == 0
+    slot.release()
+    assert slot.index not in stub.retired_slots()
