@@ -71,6 +71,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kv tensor      {tuple(kv.shape)} {dtype} on {kv.device}: offset {off}, "
               f"{kv.numel() * kv.element_size() / MiB:.1f} MiB, sum={float(kv.sum()):.1f}")
         print(f"cursor         {arena.cursor} B of {arena.reserved} B handed out")
+        end = kv.data_ptr() + nbytes
+        inside = arena.base <= kv.data_ptr() and end <= arena.base + arena.reserved
+        if arena.pool is not None:
+            arena.check_pool()  # raises if torch's pool holds memory the arena did not hand out
+        st = arena.stats()
+        print(f"check          in arena: {inside}, committed: {end - arena.base <= arena.committed}, "
+              f"stub allocations: {st['nalloc']} (live {st['live']})")
         released = arena.uncommit_beyond(0) if device == "cpu" else 0
         del kv
         if device == "cpu":
