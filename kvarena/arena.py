@@ -303,15 +303,21 @@ class KvArena:
 
     # --- allocation ------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def use(self) -> Iterator[Any]:
+    def use(self) -> contextlib.AbstractContextManager:
         """CUDA only: route this thread's torch allocations on the arena's device into the arena.
 
         ``with arena.use(): kv = torch.empty(shape, dtype=..., device=arena.device)``. An
         allocation that does not fit in the reservation raises :class:`ArenaExhaustedError`.
-        On leaving, torch's view of the pool is checked (:meth:`check_pool`): memory that did
-        not come from the arena raises :class:`ArenaError` instead of passing silently.
+        On leaving, torch's view of the pool is checked, and :class:`ArenaError` is raised
+        instead of passing silently if the pool holds memory that did not come from the arena
+        (:meth:`check_pool`), or if torch handed out a *cached* block (a freed tensor's memory,
+        reused without asking the arena) that lies in uncommitted memory. A fresh allocation
+        past ``committed`` is allowed: commit before touching it.
         """
+        return self._use(check_reuse=True)
+
+    @contextlib.contextmanager
+    def _use(self, check_reuse: bool) -> Iterator[Any]:
         self._check_open()
         pool = self._res.pool
         if pool is None:
@@ -321,6 +327,7 @@ class KvArena:
 
         slot = self._res.slot
         failed_before = slot.stats()["nfail"]
+        before = torch_pool.snapshot(pool) if check_reuse else []
         try:
             with torch.cuda.use_mem_pool(pool, device=self._device_index):
                 yield pool
@@ -330,18 +337,26 @@ class KvArena:
             raise
         finally:
             del pool  # a traceback holding this frame must not keep the pool (and the slot) alive
-        self.check_pool()
+        after = self.check_pool()
+        reused = torch_pool.reused_blocks(before, after, self.base + self._committed, self.base + self.reserved)
+        if reused:
+            raise ArenaError(
+                f"torch handed out cached block(s) of this arena's pool that lie in uncommitted memory "
+                f"({torch_pool.describe(reused, self.base)}; {self._committed} bytes committed): a freed "
+                "tensor's block, reused without asking the arena; writing to it would be an illegal address. "
+                f"commit() up to the end of those blocks before using the tensors allocated here")
 
-    def check_pool(self) -> None:
+    def check_pool(self) -> list:
         """CUDA: raise :class:`ArenaError` if torch's pool holds memory the arena did not hand out.
 
         torch binds a pool to one device; allocations routed to it on another device, or by a
         pool torch made behind our back, come from plain ``cudaMalloc``. Every segment of the
-        pool must lie in ``[base, base + reserved)`` on the arena's device.
+        pool must lie in ``[base, base + reserved)`` on the arena's device. Returns torch's
+        snapshot of the pool (a list of segment dicts; empty for a host arena).
         """
         self._check_open()
         if self._res.pool is None:
-            return
+            return []
         snap = torch_pool.snapshot(self._res.pool)
         foreign = torch_pool.foreign_segments(snap, self._device_index, self.base, self.reserved)
         if foreign:
@@ -350,6 +365,7 @@ class KvArena:
                 f"(segments {torch_pool.describe(foreign, self.base)}; arena [{self.base:#x}, "
                 f"{self.base + self.reserved:#x})): allocations were routed to the pool on another device "
                 "or the pool is bound to the wrong device; those tensors are plain cudaMalloc memory")
+        return snap
 
     def _exhausted(self, what: str) -> ArenaExhaustedError:
         st = self._res.slot.stats()
@@ -375,7 +391,7 @@ class KvArena:
         if any(s < 0 for s in shape):
             raise ValueError(f"negative dimension in shape {shape}")
         if self._res.pool is not None:
-            with self.use():
+            with self._use(check_reuse=check_committed):
                 t = torch.empty(shape, dtype=dtype, device=self.device)
             end = t.data_ptr() - self.base + t.numel() * t.element_size()
             if check_committed and t.numel() and end > self._committed:

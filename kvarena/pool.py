@@ -96,6 +96,15 @@ def cached_blocks(snap: Iterable[dict], lo: int, hi: int) -> list[Span]:
     return [b for b in blocks(snap) if b.state in CACHED_STATES and b.address < hi and lo < b.address + b.size]
 
 
+def reused_blocks(before: Iterable[dict], after: Iterable[dict], lo: int, hi: int) -> list[Span]:
+    """Blocks live in ``after`` that torch carved from blocks cached in ``before`` (so without
+    calling the allocator), overlapping ``[lo, hi)``."""
+    cached = [b for b in blocks(before) if b.state in CACHED_STATES]
+    return [b for b in blocks(after) if b.state == "active_allocated" and b.address < hi and lo < b.address + b.size
+            and any(c.device == b.device and c.address < b.address + b.size and b.address < c.address + c.size
+                    for c in cached)]
+
+
 def describe(spans: list[Span], base: int, limit: int = 4) -> str:
     """``"2: 0x7f.. (+0x200000, 2097152 B, cuda:0, inactive), ..."`` for error messages."""
     parts = [f"{s.address:#x} (+{s.address - base:#x}, {s.size} B, cuda:{s.device}{', ' + s.state if s.state else ''})"

@@ -322,3 +322,30 @@ def test_a_failed_release_says_what_is_left_and_close_retries_it(cache, monkeypa
     a.close()  # the retry
     assert a.released and not _mapped(a.base)
     a.close()
+
+
+def test_a_slot_held_only_by_a_reference_cycle_comes_back_when_needed(cache):
+    """A closed arena's tensor kept alive by a cycle (a traceback, say): opening an arena when
+    every other slot is taken collects it instead of failing."""
+    import gc
+
+    stub = load_stub(cache)
+    arenas = []
+    gc.disable()
+    try:
+        a = KvArena(1 << 16, cache=cache)
+        a.commit(PAGE)
+        cycle: list = [a.tensor(16, torch.uint8)]
+        cycle.append(cycle)
+        del cycle
+        a.close()
+        while stub.free_slots():
+            arenas.append(KvArena(PAGE, cache=cache))
+        assert stub.retired_slots() == [a.slot]
+        b = KvArena(PAGE, cache=cache)  # collects the cycle, frees the tensor, takes a's slot
+        arenas.append(b)
+        assert b.slot == a.slot and not _mapped(a.base)
+    finally:
+        gc.enable()
+        for x in arenas:
+            x.close()

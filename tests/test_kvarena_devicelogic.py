@@ -287,3 +287,23 @@ def test_cached_blocks_are_found_where_a_release_would_unmap():
     snap2 = [{"device": 0, "address": BASE, "total_size": 2 * GRAN,
               "blocks": [{"size": GRAN, "state": "active_allocated"}, {"size": GRAN, "state": "inactive"}]}]
     assert [b.address for b in torch_pool.cached_blocks(snap2, BASE, BASE + 2 * GRAN)] == [BASE + GRAN]
+
+
+def test_reused_blocks_are_the_cached_ones_handed_out_again():
+    before = [
+        _seg(0, BASE, GRAN, [(BASE, GRAN, "active_allocated")]),
+        _seg(0, BASE + GRAN, 2 * GRAN, [(BASE + GRAN, 2 * GRAN, "inactive")]),
+        _seg(0, BASE + 3 * GRAN, GRAN, [(BASE + 3 * GRAN, GRAN, "inactive")]),
+    ]
+    after = [
+        _seg(0, BASE, GRAN, [(BASE, GRAN, "active_allocated")]),  # was live already
+        _seg(0, BASE + GRAN, 2 * GRAN, [(BASE + GRAN, GRAN, "active_allocated"),  # carved from a cached one
+                                        (BASE + 2 * GRAN, GRAN, "inactive")]),
+        _seg(0, BASE + 3 * GRAN, GRAN, [(BASE + 3 * GRAN, GRAN, "active_allocated")]),  # reused whole
+        _seg(0, BASE + 4 * GRAN, GRAN, [(BASE + 4 * GRAN, GRAN, "active_allocated")]),  # fresh from the stub
+    ]
+    everywhere = torch_pool.reused_blocks(before, after, BASE, BASE + 8 * GRAN)
+    assert [(b.address - BASE) // GRAN for b in everywhere] == [1, 3]
+    beyond_commit = torch_pool.reused_blocks(before, after, BASE + 2 * GRAN, BASE + 8 * GRAN)
+    assert [(b.address - BASE) // GRAN for b in beyond_commit] == [3]  # a fresh block past commit is allowed
+    assert torch_pool.reused_blocks([], after, BASE, BASE + 8 * GRAN) == []

@@ -307,11 +307,19 @@ def test_uncommit_refuses_to_unmap_cached_blocks(cache, driver):
         assert a.uncommit_beyond(4 * g) == 4 * g  # live, not cached: allowed
         assert not _mapped(driver, a.base + 4 * g)
         del again  # now cached over unmapped memory
-        with pytest.raises(ArenaError, match="past the .* committed bytes"):
-            a.tensor((4 * g,), torch.uint8)  # the reused block is refused, not handed out
+        with pytest.raises(ArenaError, match=r"cached block\(s\) .* lie in uncommitted memory"):
+            with a.use():
+                torch.empty((4 * g,), dtype=torch.uint8, device=a.device)  # torch reuses it: caught
+        with pytest.raises(ArenaError, match="uncommitted memory|past the .* committed bytes"):
+            a.tensor((4 * g,), torch.uint8)
+        late = a.tensor((4 * g,), torch.uint8, check_committed=False)  # asked for: the upper-bound pattern
+        assert _span(late)[0] == a.base + 4 * g
+        a.commit(8 * g)
+        late.fill_(2)
+        assert int(late.sum()) == 2 * 4 * g
         keep.fill_(1)
         assert int(keep.sum()) == 4 * g
-        del keep
+        del keep, late
 
 
 def test_uncommit_and_recommit(cache, driver):
