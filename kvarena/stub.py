@@ -11,6 +11,14 @@ The state is file-static, and a library is loaded once per process (glibc hands 
 handle for the same file), so slots are a per-process resource: this module hands them out
 to arenas and takes them back on close. The source never changes with the number of arenas or
 processes, so the cache key never does either: one compile per host.
+
+A closed arena's slot is not handed out again while anything can still call into it: torch
+may free a block it cached long after ``close()`` (the pool outlived the arena), and that free
+would rewind the next arena's cursor under a live tensor. So the stub counts each slot's
+unfreed allocations (``live``) and refuses to reconfigure a slot while any are left, each
+configuration has a generation that an unconfigure must name, and the Python side keeps a
+closed slot *retired* until its ``live`` count is 0 and the objects that could still allocate
+through it (torch's pool and allocator, held by weak reference) are gone.
 """
 
 from __future__ import annotations
