@@ -3,9 +3,9 @@
 Run them all with ``bash scripts/run_gpu_tests.sh``. Each test runs in its own process
 (tests/gpu/conftest.py): one illegal address poisons the CUDA context for the whole process.
 Every check here asks the driver, torch's allocator or the stub itself, so a broken arena
-cannot pass by accident: "mapped" is what ``cuMemGetAddressRange`` says (any error other than
-"not found" fails the test), "from the arena" is the stub's own allocation count and torch's
-snapshot of the pool.
+cannot pass by accident: "mapped" is the driver's ``CU_POINTER_ATTRIBUTE_MAPPED`` (an error
+other than "no such address" fails the test instead of reading as unmapped), "from the arena"
+is the stub's own allocation count and torch's snapshot of the pool.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ HAS_NO_SPLIT = torch.cuda.is_available() and "no_split" in inspect.signature(tor
 needs_no_split = pytest.mark.skipif(not HAS_NO_SPLIT, reason="MemPool(no_split=) needs torch>=2.10")
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (cuda:N other than the current)")
 
-# What cuMemGetAddressRange answers for an address that no mapping covers. Anything else
-# (INVALID_CONTEXT, NOT_INITIALIZED, ...) is a broken check, not "unmapped".
-NOT_MAPPED = ("CUDA_ERROR_NOT_FOUND", "CUDA_ERROR_INVALID_VALUE")
+# What the driver answers for an address it knows nothing about (a range already freed).
+# Anything else (INVALID_CONTEXT, NOT_INITIALIZED, ...) is a broken check, not "unmapped".
+NOT_MAPPED = ("CUDA_ERROR_INVALID_VALUE", "CUDA_ERROR_NOT_FOUND")
 
 
 @pytest.fixture
@@ -66,20 +66,22 @@ def _mapped(driver, ptr: int, device_index: int = 0) -> bool:
     err, ctx = driver.cuDevicePrimaryCtxRetain(dev)
     assert err == ok, _err_name(driver, err)
     try:
-        (err,) = driver.cuCtxPushCurrent(ctx)
+        res = driver.cuCtxPushCurrent(ctx)
+        err = res[0] if isinstance(res, tuple) else res
         assert err == ok, _err_name(driver, err)
         try:
-            err, *_ = driver.cuMemGetAddressRange(ptr)
+            err, value = driver.cuPointerGetAttribute(
+                driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MAPPED, ptr)
         finally:
             driver.cuCtxPopCurrent()
     finally:
         driver.cuDevicePrimaryCtxRelease(dev)
     if err == ok:
-        return True
+        return bool(value)
     name = _err_name(driver, err)
     if name in NOT_MAPPED:
         return False
-    raise AssertionError(f"cuMemGetAddressRange({ptr:#x}) failed with {name}: that is neither mapped nor unmapped")
+    raise AssertionError(f"cuPointerGetAttribute(MAPPED, {ptr:#x}) failed with {name}: neither mapped nor unmapped")
 
 
 def _span(t) -> tuple[int, int]:
