@@ -84,6 +84,13 @@ def _mapped(driver, ptr: int, device_index: int = 0) -> bool:
     raise AssertionError(f"cuPointerGetAttribute(MAPPED, {ptr:#x}) failed with {name}: neither mapped nor unmapped")
 
 
+def _block(arena) -> int:
+    """A tensor size (a multiple of the granularity, >= 12 MiB) for which torch's caching
+    allocator asks for exactly that much: requests under 10 MiB get a 20 MiB segment, larger
+    ones are rounded to 2 MiB. Tensors of this size then lie back to back in the arena."""
+    return -(-12 * MiB // arena.granularity) * arena.granularity
+
+
 def _span(t) -> tuple[int, int]:
     return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
 
@@ -191,7 +198,6 @@ def test_commit_uses_memory_and_close_unmaps_it(cache, driver):
             b.commit(b.reserved + 1)
 
 
-@needs_no_split
 def test_closing_returns_the_pools_memory(cache, stub):
     """Blocks torch caches in the pool go back through the stub when the arena closes."""
     from kvarena import KvArena
@@ -205,7 +211,8 @@ def test_closing_returns_the_pools_memory(cache, stub):
     slot = a.slot
     a.commit(512 * MiB)
     with a.use():
-        xs = [torch.empty((n * MiB,), dtype=torch.uint8, device=a.device) for n in (4, 8, 16, 32)]
+        # >= 10 MiB each: one segment per tensor, whatever torch's split policy
+        xs = [torch.empty((n * MiB,), dtype=torch.uint8, device=a.device) for n in (12, 16, 24, 32)]
     for x in xs:
         x.fill_(1)
     del xs[0], xs[1]  # two freed: torch keeps their blocks cached in the pool
@@ -229,20 +236,20 @@ def test_slot_reuse_after_close_with_the_old_pool_still_referenced(cache, stub):
     a.commit(64 * MiB)
     old_pool = a.pool
     with a.use():
-        x = torch.empty((8 * MiB,), dtype=torch.uint8, device=a.device)
+        x = torch.empty((16 * MiB,), dtype=torch.uint8, device=a.device)
     del x  # cached in old_pool, at a.base: its free would rewind a cursor to 0
     a.close()
     assert a.slot in stub.retired_slots()
     with KvArena(256 * MiB, device="cuda", cache=cache) as b:
         assert b.slot != a.slot
         b.commit(64 * MiB)
-        tb = b.tensor((8 * MiB,), torch.uint8)
+        tb = b.tensor((16 * MiB,), torch.uint8)
         tb.fill_(5)
         nfree_a = stub.slot_stats(a.slot)["nfree"]
         del old_pool  # the pool goes now: torch hands the cached block back through a's slot
         gc.collect()
         assert stub.slot_stats(a.slot)["nfree"] == nfree_a + 1 and stub.slot_stats(a.slot)["live"] == 0
-        tb2 = b.tensor((8 * MiB,), torch.uint8)
+        tb2 = b.tensor((16 * MiB,), torch.uint8)
         assert _span(tb2)[0] >= _span(tb)[1]  # b's cursor did not move back under tb
         tb2.fill_(9)
         assert int(tb.min()) == 5 == int(tb.max())
@@ -256,7 +263,7 @@ def test_commit_and_uncommit_from_another_thread(cache, driver):
     from kvarena import KvArena
 
     with KvArena(256 * MiB, device="cuda", cache=cache) as a:
-        g = a.granularity
+        b = _block(a)
         errors: list[BaseException] = []
 
         def run(fn):
@@ -270,57 +277,57 @@ def test_commit_and_uncommit_from_another_thread(cache, driver):
             th.join()
             assert not errors, errors
 
-        run(lambda: a.commit(4 * g))
-        assert a.committed == 4 * g and _mapped(driver, a.base + 4 * g - 1)
-        t = a.tensor((4 * g,), torch.uint8)
+        run(lambda: a.commit(b))
+        assert a.committed == b and _mapped(driver, a.base + b - 1) and not _mapped(driver, a.base + b)
+        t = a.tensor((b,), torch.uint8)
         t.fill_(11)
-        assert int(t.sum()) == 11 * 4 * g
-        run(lambda: a.commit(8 * g))
-        u = a.tensor((4 * g,), torch.uint8)
+        assert int(t.sum()) == 11 * b
+        run(lambda: a.commit(2 * b))
+        u = a.tensor((b,), torch.uint8)
+        assert _span(u)[0] == a.base + b
         u.fill_(1)
         torch.cuda.synchronize()
-        run(lambda: a.uncommit_beyond(4 * g))  # u stays alive over unmapped memory: allowed
-        assert a.committed == 4 * g and not _mapped(driver, a.base + 4 * g)
-        assert int(t.sum()) == 11 * 4 * g
-        run(lambda: a.commit(8 * g))
+        run(lambda: a.uncommit_beyond(b))  # u stays alive over unmapped memory: allowed
+        assert a.committed == b and not _mapped(driver, a.base + b)
+        assert int(t.sum()) == 11 * b
+        run(lambda: a.commit(2 * b))
         u.fill_(2)
-        assert int(u.sum()) == 2 * 4 * g
+        assert int(u.sum()) == 2 * b
         del t, u
 
 
-@needs_no_split
 def test_uncommit_refuses_to_unmap_cached_blocks(cache, driver):
     from kvarena import ArenaError, KvArena
 
     with KvArena(256 * MiB, device="cuda", cache=cache) as a:
-        g = a.granularity
-        a.commit(4 * g)
-        a.commit(8 * g)  # two mappings: uncommit releases whole mappings only
-        keep = a.tensor((4 * g,), torch.uint8)
-        gone = a.tensor((4 * g,), torch.uint8)
-        assert _span(gone)[0] == a.base + 4 * g
-        del gone  # its block is cached in the pool at [4g, 8g)
+        b = _block(a)
+        a.commit(b)
+        a.commit(2 * b)  # two mappings: uncommit releases whole mappings only
+        keep = a.tensor((b,), torch.uint8)
+        gone = a.tensor((b,), torch.uint8)
+        assert _span(gone)[0] == a.base + b
+        del gone  # its block is cached in the pool at [b, 2b)
         with pytest.raises(ArenaError, match=r"cached block\(s\) of torch's pool 1: .*inactive"):
-            a.uncommit_beyond(4 * g)
-        assert a.committed == 8 * g and _mapped(driver, a.base + 4 * g)
-        again = a.tensor((4 * g,), torch.uint8)  # torch hands the cached block out again
-        assert _span(again)[0] == a.base + 4 * g
+            a.uncommit_beyond(b)
+        assert a.committed == 2 * b and _mapped(driver, a.base + b)
+        again = a.tensor((b,), torch.uint8)  # torch hands the cached block out again
+        assert _span(again)[0] == a.base + b
         again.fill_(3)
-        assert a.uncommit_beyond(4 * g) == 4 * g  # live, not cached: allowed
-        assert not _mapped(driver, a.base + 4 * g)
+        assert a.uncommit_beyond(b) == b  # live, not cached: allowed
+        assert not _mapped(driver, a.base + b)
         del again  # now cached over unmapped memory
         with pytest.raises(ArenaError, match=r"cached block\(s\) .* lie in uncommitted memory"):
             with a.use():
-                torch.empty((4 * g,), dtype=torch.uint8, device=a.device)  # torch reuses it: caught
+                torch.empty((b,), dtype=torch.uint8, device=a.device)  # torch reuses it: caught
         with pytest.raises(ArenaError, match="uncommitted memory|past the .* committed bytes"):
-            a.tensor((4 * g,), torch.uint8)
-        late = a.tensor((4 * g,), torch.uint8, check_committed=False)  # asked for: the upper-bound pattern
-        assert _span(late)[0] == a.base + 4 * g
-        a.commit(8 * g)
+            a.tensor((b,), torch.uint8)
+        late = a.tensor((b,), torch.uint8, check_committed=False)  # asked for: the upper-bound pattern
+        assert _span(late)[0] == a.base + b
+        a.commit(2 * b)
         late.fill_(2)
-        assert int(late.sum()) == 2 * 4 * g
+        assert int(late.sum()) == 2 * b
         keep.fill_(1)
-        assert int(keep.sum()) == 4 * g
+        assert int(keep.sum()) == b
         del keep, late
 
 
