@@ -84,15 +84,23 @@ if path:
 else:
     miss(f"C++ compiler {cxx!r}", "stubcache compiles the allocator stub with it (set CXX)")
 try:
+    import stubcache, kvarena
+    ok("import stubcache, kvarena", f"from {os.path.dirname(os.path.dirname(stubcache.__file__))}")
+    try:  # the whole chain the GPU tests rely on, on the host: compiler, cache, dlopen, a slot
+        with kvarena.KvArena(1 << 20) as arena:
+            arena.commit(4096)
+            t = arena.stub_timing
+        ok("allocator stub", f"{'built' if t.built else 'cache hit'} via {t.method} in {t.seconds * 1e3:.0f} ms "
+           f"(a host arena works; platformdirs imported: {'platformdirs' in sys.modules})")
+    except Exception as exc:
+        miss("a working allocator stub build", f"{type(exc).__name__}: {exc}")
+except Exception as exc:
+    miss("import stubcache, kvarena", f"{type(exc).__name__}: {exc}")
+try:
     import platformdirs  # noqa: F401
     ok("platformdirs", "(not needed here: STUBCACHE_DIR is set)")
 except ImportError:
     print("absent   platformdirs (not needed: STUBCACHE_DIR is set, so stubcache never imports it)")
-try:
-    import stubcache, kvarena
-    ok("import stubcache, kvarena", f"from {os.path.dirname(os.path.dirname(stubcache.__file__))}")
-except Exception as exc:
-    miss("import stubcache, kvarena", f"{type(exc).__name__}: {exc}")
 if missing:
     print(f"cannot run the GPU tests here: missing {', '.join(missing)}")
     sys.exit(3)

@@ -82,6 +82,7 @@ def test_gpu_script_from_a_copied_tree_without_platformdirs(tmp_path):
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "absent   platformdirs" in proc.stdout
     assert "ok       import stubcache, kvarena" in proc.stdout
+    assert re.search(r"^ok +allocator stub +built via direct .*platformdirs imported: False", proc.stdout, re.M)
     assert re.search(r"^MISSING  |^torch sees no CUDA GPU", proc.stdout, re.M), proc.stdout
 
     env["KVARENA_ALLOW_SKIP"] = "1"
