@@ -27,13 +27,6 @@ def _align_up(value: int, alignment: int) -> int:
     return -(-value // alignment) * alignment
 
 
-def numel_bytes(shape: Sequence[int], dtype: "torch.dtype") -> int:
-    n = dtype.itemsize
-    for s in shape:
-        n *= s
-    return n
-
-
 def _parse_device(device: Any) -> tuple[str, int]:
     """``("cpu", -1)`` or ``("cuda", index)``; "cpu" needs no torch import."""
     if isinstance(device, str) and device == "cpu":
@@ -393,13 +386,12 @@ class KvArena:
         if self._res.pool is not None:
             with self._use(check_reuse=check_committed):
                 t = torch.empty(shape, dtype=dtype, device=self.device)
-            end = t.data_ptr() - self.base + t.numel() * t.element_size()
-            if check_committed and t.numel() and end > self._committed:
+            off, nbytes = t.data_ptr() - self.base, t.numel() * t.element_size()
+            if check_committed and nbytes and off + nbytes > self._committed:
                 del t
-                raise ArenaError(f"a tensor of {numel_bytes(shape, dtype)} bytes landed at offset "
-                                 f"{end - numel_bytes(shape, dtype)}, ending at {end}, past the "
-                                 f"{self._committed} committed bytes; commit({end}) first or pass "
-                                 "check_committed=False")
+                raise ArenaError(f"a tensor of {nbytes} bytes at offset {off} would end at {off + nbytes}, "
+                                 f"past the {self._committed} committed bytes; commit({off + nbytes}) first "
+                                 "or pass check_committed=False")
             return t
         numel = 1
         for s in shape:
