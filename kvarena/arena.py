@@ -304,8 +304,9 @@ class KvArena:
         On leaving, torch's view of the pool is checked, and :class:`ArenaError` is raised
         instead of passing silently if the pool holds memory that did not come from the arena
         (:meth:`check_pool`), or if torch handed out a *cached* block (a freed tensor's memory,
-        reused without asking the arena) that lies in uncommitted memory. A fresh allocation
-        past ``committed`` is allowed: commit before touching it.
+        reused without asking the arena) that lies in uncommitted memory; tensors allocated in
+        that block must then not be used. The check sees the tensors still alive when the block
+        exits. A fresh allocation past ``committed`` is allowed: commit before touching it.
         """
         return self._use(check_reuse=True)
 
@@ -384,8 +385,12 @@ class KvArena:
         if any(s < 0 for s in shape):
             raise ValueError(f"negative dimension in shape {shape}")
         if self._res.pool is not None:
-            with self._use(check_reuse=check_committed):
-                t = torch.empty(shape, dtype=dtype, device=self.device)
+            try:
+                with self._use(check_reuse=check_committed):
+                    t = torch.empty(shape, dtype=dtype, device=self.device)
+            except ArenaError:
+                t = None  # a traceback must not keep a tensor in unusable memory alive
+                raise
             off, nbytes = t.data_ptr() - self.base, t.numel() * t.element_size()
             if check_committed and nbytes and off + nbytes > self._committed:
                 del t

@@ -88,7 +88,8 @@ def foreign_segments(snap: Iterable[dict], device_index: int, base: int, reserve
     """Segments of the pool that the arena did not hand out: on another device, or outside
     ``[base, base + reserved)``. Empty when every allocation really came from the arena."""
     return [s for s in segments(snap)
-            if s.device != device_index or not (base <= s.address and s.address + s.size <= base + reserved)]
+            if s.device not in (device_index, -1)  # -1: a torch whose snapshot does not say
+            or not (base <= s.address and s.address + s.size <= base + reserved)]
 
 
 def cached_blocks(snap: Iterable[dict], lo: int, hi: int) -> list[Span]:

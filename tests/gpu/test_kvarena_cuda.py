@@ -318,9 +318,12 @@ def test_uncommit_refuses_to_unmap_cached_blocks(cache, driver):
         del again  # now cached over unmapped memory
         with pytest.raises(ArenaError, match=r"cached block\(s\) .* lie in uncommitted memory"):
             with a.use():
-                torch.empty((b,), dtype=torch.uint8, device=a.device)  # torch reuses it: caught
+                reused = torch.empty((b,), dtype=torch.uint8, device=a.device)  # torch reuses it: caught
+        assert _span(reused)[0] == a.base + b
+        del reused  # never touched; back to the pool's cache
         with pytest.raises(ArenaError, match="uncommitted memory|past the .* committed bytes"):
             a.tensor((b,), torch.uint8)
+        gc.collect()
         late = a.tensor((b,), torch.uint8, check_committed=False)  # asked for: the upper-bound pattern
         assert _span(late)[0] == a.base + b
         a.commit(2 * b)
