@@ -13,10 +13,8 @@ returns them) so they are tested without a GPU.
 
 from __future__ import annotations
 
-import inspect
 import logging
-from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 log = logging.getLogger("kvarena")
 
@@ -25,8 +23,7 @@ log = logging.getLogger("kvarena")
 CACHED_STATES = ("inactive", "active_pending_free", "active_awaiting_free")
 
 
-@dataclass(frozen=True)
-class Span:
+class Span(NamedTuple):
     """One segment or block of the pool, as torch reports it."""
 
     device: int
@@ -41,6 +38,8 @@ def make_pool(library_path: str, alloc_name: str, free_name: str, device_index: 
     The pool is created inside ``torch.cuda.device(device_index)``: torch records the current
     device in the pool, whatever ``use_mem_pool(device=...)`` is told later.
     """
+    import inspect
+
     import torch
     from torch.cuda.memory import CUDAPluggableAllocator
 
@@ -58,6 +57,8 @@ def make_pool(library_path: str, alloc_name: str, free_name: str, device_index: 
 
 def snapshot(pool: Any) -> list[dict]:
     """torch's segments of ``pool`` on every device (no stack traces)."""
+    import inspect
+
     import torch
 
     fn = torch.cuda.memory_snapshot
