@@ -46,12 +46,13 @@ def canonical_json(obj: Any) -> str:
 class Fetched:
     """A verified blob: the manifest and the library bytes, ready to publish locally."""
 
-    __slots__ = ("manifest", "library", "seconds")
+    __slots__ = ("manifest", "library", "seconds", "nbytes")
 
-    def __init__(self, manifest: Manifest, library: bytes, seconds: float) -> None:
+    def __init__(self, manifest: Manifest, library: bytes, seconds: float, nbytes: int) -> None:
         self.manifest = manifest
         self.library = library
-        self.seconds = seconds
+        self.seconds = seconds  # download and verification
+        self.nbytes = nbytes    # the whole blob
 
 
 _REJECTED = object()
@@ -158,7 +159,7 @@ class RemoteTier:
         except BlobError as exc:
             self._rejected(key, exc.reason)
             return _REJECTED
-        return Fetched(manifest, library, time.perf_counter() - t0)
+        return Fetched(manifest, library, time.perf_counter() - t0, len(raw))
 
     def verify(self, key: str, raw: bytes, expected: str) -> tuple[Manifest, bytes]:
         """Authenticate and check one blob against the key and pre-image this host computed."""
@@ -244,7 +245,7 @@ class RemoteTier:
             delay = min(delay * 1.5, POLL_MAX)
 
     def _hit(self, key: str, got: Fetched) -> None:
-        self._event("remote_hit", key, got.seconds, bytes=len(got.library))
+        self._event("remote_hit", key, got.seconds, bytes=got.nbytes)
 
     # --- upload ------------------------------------------------------------------------------
 
