@@ -272,7 +272,7 @@ def _stats_rows(s) -> list[tuple[str, str]]:
         ("fleet lease waits", f"{s.remote.lease_waits} ({human_seconds(s.remote.lease_wait_seconds)}, "
                               f"{s.remote.lease_takeovers} taken over)"),
         ("remote errors", str(s.remote.errors)),
-    ]
+    ])
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
