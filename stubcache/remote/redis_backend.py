@@ -35,7 +35,7 @@ def _wrap(fn):
             return fn(self, *args, **kwargs)
         except RemoteUnavailable:
             raise
-        except (self._errors, OSError) as exc:  # noqa: B030 (a tuple of classes)
+        except self._errors as exc:
             raise RemoteUnavailable(f"{type(exc).__name__}: {exc}") from exc
     return call
 
@@ -48,7 +48,7 @@ class RedisBackend(RemoteBackend):
         from redis.backoff import NoBackoff
         from redis.retry import Retry
 
-        self._errors = (redis.exceptions.RedisError,)
+        self._errors = (redis.exceptions.RedisError, OSError)
         self._redis = redis.Redis.from_url(
             config.url, socket_timeout=config.timeout, socket_connect_timeout=config.timeout,
             retry_on_timeout=False, retry=Retry(NoBackoff(), 0), health_check_interval=0,

@@ -209,6 +209,17 @@ class RemoteTier:
                     value = json.dumps({"host": os.uname().nodename, "pid": os.getpid(), "name": name,
                                         "started": time.time(), "token": os.urandom(8).hex()})
                     if self.backend.acquire_lease(key, value, self.config.lease):
+                        # Look again under the lease: the last holder may have uploaded and
+                        # released between our first look and the lease.
+                        got = self._fetch(key, expected) if self.backend.poll(key)[0] else None
+                        if isinstance(got, Fetched):
+                            self.backend.release_lease(key, value)
+                            if waited:
+                                self._event("lease_wait", key, time.monotonic() - t0, name=name, outcome="blob")
+                            self._hit(key, got)
+                            return got
+                        if got is _DOWN:
+                            return None
                         if waited:
                             self._event("lease_wait", key, time.monotonic() - t0, name=name, outcome="takeover")
                         return Claim(self, key, value)
