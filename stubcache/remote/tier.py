@@ -23,7 +23,7 @@ from .config import BACKENDS, RemoteConfig
 
 RETRY_AFTER = 30.0          # seconds a process leaves the remote store alone after a fault
 NOTICE_AFTER = 5.0          # a wait for another host's build is logged after this long
-POLL_MIN, POLL_MAX = 0.02, 0.25
+POLL_MIN, POLL_MAX = 0.02, 0.1
 
 _warned_down = False        # one warning per process for an unusable remote store
 _warned_rejected = False    # one warning per process for a refused blob
