@@ -266,9 +266,15 @@ def test_tampered_blob_is_refused_with_the_secret_set(redis, tmp_path, cxx, atta
     assert err.count("refused remote blob") <= 1
     remote = stats(tmp_path / "host-b")["remote"]
     assert remote["rejected_blobs"] >= 1 and remote["hits"] == 0
-    # b overwrote the bad blob with a good one: a third host downloads it
+    # blobs are never overwritten (a host with a wrong secret must not replace the fleet's):
+    # the bad blob stays, and every host refuses it and builds for itself
+    assert r.get(PREFIX + a["key"]) == forged
     [(c, _)] = finish(engines([host_env(tmp_path, "c", redis.url)], value_src(1), 0))
-    assert c["value"] == 1 and cxx.compiles() == 1
+    assert c["value"] == 1 and cxx.compiles() == 2
+    r.delete(PREFIX + a["key"])  # the operator removes it; the next builder uploads a good one
+    finish(engines([host_env(tmp_path, "d", redis.url)], value_src(1), 0))
+    [(e, _)] = finish(engines([host_env(tmp_path, "e", redis.url)], value_src(1), 0))
+    assert e["value"] == 1 and cxx.compiles() == 3 and stats(tmp_path / "host-e")["remote"]["hits"] == 1
 
 
 def test_insecure_read_mode_still_checks_sha256_and_preimage(redis, tmp_path, cxx):

@@ -3,7 +3,8 @@
 A backend stores opaque values under entry keys and offers one lease per key. It needs four
 properties, which is what another store (an object store, say) must provide to plug in:
 
-* a value is written whole in one operation (never visible half written);
+* a value is written whole in one operation (never visible half written), and only if the
+  key has none yet;
 * a lease is created only if absent, with an expiry, and renewed or released only by the
   holder that created it (compare-and-set on the value);
 * every call returns or fails within the configured timeout;
@@ -41,8 +42,10 @@ class RemoteBackend:
         returned truncated to ``limit + 1`` bytes (so the caller can refuse it)."""
         raise NotImplementedError
 
-    def put_blob(self, key: str, value: bytes) -> None:
-        """Store ``value`` for ``key`` in one atomic write (replacing any previous value)."""
+    def put_blob(self, key: str, value: bytes) -> bool:
+        """Store ``value`` for ``key`` in one atomic write, only if no blob exists for ``key``
+        (blobs are immutable: a host can never replace what others may be verifying or loading,
+        nor can a host with a wrong secret overwrite the fleet's blobs). True if stored."""
         raise NotImplementedError
 
     def poll(self, key: str) -> tuple[bool, str | None]:

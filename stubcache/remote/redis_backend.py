@@ -2,7 +2,7 @@
 
 Key layout (one versioned prefix, so a future format can live beside this one)::
 
-    stubcache:v1:blob:<key>     the blob (see :mod:`.blob`), one SET, no expiry
+    stubcache:v1:blob:<key>     the blob (see :mod:`.blob`), one SET NX, no expiry
     stubcache:v1:lease:<key>    a build lease: SET NX PX, renewed by the builder, JSON value
 
 Eviction is Redis' own: run it with ``maxmemory`` and ``maxmemory-policy allkeys-lru``.
@@ -62,8 +62,8 @@ class RedisBackend(RemoteBackend):
         return value or None
 
     @_wrap
-    def put_blob(self, key: str, value: bytes) -> None:
-        self._redis.set(BLOB + key, value)
+    def put_blob(self, key: str, value: bytes) -> bool:
+        return bool(self._redis.set(BLOB + key, value, nx=True))
 
     @_wrap
     def poll(self, key: str) -> tuple[bool, str | None]:

@@ -271,11 +271,14 @@ class RemoteTier:
             return
         value = encode(manifest.key, manifest.dumps().encode("utf-8"), library, self.config.secret)
         try:
-            self.backend.put_blob(manifest.key, value)
+            stored = self.backend.put_blob(manifest.key, value)
         except RemoteUnavailable as exc:
             self.down(exc, manifest.key)
             return
-        self._event("upload", manifest.key, bytes=len(value))
+        if stored:
+            self._event("upload", manifest.key, bytes=len(value))
+        else:  # a blob this host refused is in the way: it stays until evicted or removed
+            _log.info("stubcache: not uploading %s: the remote store already holds a blob for it", manifest.key)
 
 
 def _describe(lease: str | None) -> str:
