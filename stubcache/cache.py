@@ -272,6 +272,8 @@ class StubCache:
             self._event("miss", base, name=spec.name)
             claim = None
             try:
+                self.store.clear_failure(base)
+                self.store.write_lease(base, spec.name)  # waiters on this host see who is at work
                 if self._remote_config is not None and not spec.tracks_headers:
                     budget = max(timeout - (time.time() - t_wait), 0.0)
                     got = self._remote_tier().fetch_or_claim(
@@ -284,8 +286,6 @@ class StubCache:
                     claim = got  # this host builds for the fleet (or None: build, no upload)
                 if require_hit:
                     raise _require_hit_error(spec, base, self.root)
-                self.store.clear_failure(base)
-                self.store.write_lease(base, spec.name)
                 entry = self._build_and_publish(spec, base)
                 if claim is not None:
                     claim.upload(entry.manifest, entry.path)  # after the local publish
