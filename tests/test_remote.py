@@ -228,6 +228,15 @@ def test_slow_builder_does_not_stall_the_fleet_past_the_lock_timeout(redis, tmp_
     assert cxx.compiles() == 2
 
 
+def test_a_failed_build_releases_the_lease_and_every_host_gets_the_error(redis, tmp_path, cxx):
+    broken = 'extern "C" int value(void) { return ; }\n'
+    procs = engines([host_env(tmp_path, h, redis.url) for h in "ab"], broken, 0.5)
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode != 0 and "BuildError" in err
+    assert blob_keys(redis) == [] and redis.command("KEYS", "stubcache:v1:lease:*") == b"*0"
+
+
 # --- integrity -------------------------------------------------------------------------------
 
 

@@ -34,6 +34,8 @@ def cmd_ls_remote(args: argparse.Namespace) -> int:
     from ..units import human_age, human_size
     from .admin import list_entries
 
+    if args.filter:
+        raise cli.UsageError("--filter applies to local entries; with --remote use --name and --sort")
     config, backend = _backend(args)
     try:
         entries = list_entries(backend)
