@@ -190,13 +190,14 @@ class RemoteTier:
             return None
         expected = canonical_json(preimage)
         got = self._fetch(key, expected)
-        if got is _DOWN:
+        if got is _DOWN or got is _REJECTED:
+            # Blobs are immutable (SET NX): a refused one will not get better, and no upload
+            # can replace it. Build here; it stays until evicted or removed.
             return None
         if isinstance(got, Fetched):
             self._hit(key, got)
             return got
         self._event("remote_miss", key, name=name)
-        rejected = got is _REJECTED
         claim_ok = may_build and self.config.writable
         t0 = time.monotonic()
         deadline = t0 + budget
@@ -212,13 +213,14 @@ class RemoteTier:
                         # Look again under the lease: the last holder may have uploaded and
                         # released between our first look and the lease.
                         got = self._fetch(key, expected) if self.backend.poll(key)[0] else None
-                        if isinstance(got, Fetched):
+                        if got is not None:
                             self.backend.release_lease(key, value)
+                        if isinstance(got, Fetched):
                             if waited:
                                 self._event("lease_wait", key, time.monotonic() - t0, name=name, outcome="blob")
                             self._hit(key, got)
                             return got
-                        if got is _DOWN:
+                        if got is not None:  # down, or a refused blob in the way
                             return None
                         if waited:
                             self._event("lease_wait", key, time.monotonic() - t0, name=name, outcome="takeover")
@@ -227,16 +229,15 @@ class RemoteTier:
             except RemoteUnavailable as exc:
                 self.down(exc, key)
                 return None
-            if exists and (not rejected or lease is None):
+            if exists:
                 got = self._fetch(key, expected)
-                if got is _DOWN:
-                    return None
                 if isinstance(got, Fetched):
                     if waited:
                         self._event("lease_wait", key, time.monotonic() - t0, name=name, outcome="blob")
                     self._hit(key, got)
                     return got
-                rejected = rejected or got is _REJECTED
+                if got is not None:  # down, or refused: build here
+                    return None
             if lease is None and not claim_ok:
                 if waited:  # the builder gave up or died: build here
                     self._event("lease_wait", key, time.monotonic() - t0, name=name, outcome="gone")
