@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from _common import (PY, STUB_NAME, Ctx, CxxWrapper, child_env, fmt_time, ratio, row, spec_kwargs, target,
+from _common import (PY, REPO, STUB_NAME, Ctx, CxxWrapper, child_env, fmt_time, ratio, row, spec_kwargs, target,
                      variant_source)
 
 SECRET = "bench-fleet-secret-0123456789abcdef"
@@ -84,8 +84,7 @@ def fleet_start(ctx: Ctx, server, kind: str, hosts: int, procs: int, remote: boo
             for h in range(hosts) for _ in range(procs)]
     start = time.time() + 1.0 + 0.25 * len(envs) + (3.0 if kind == "torch" else 0.0)  # all imported by then
     results = _run_all(envs, start)
-    want = variant if kind == "arena" else variant
-    if any(r["value"] != want for r in results):
+    if any(r["value"] != variant for r in results):
         raise RuntimeError(f"a process loaded the wrong library: {[r['value'] for r in results]}")
     return max(r["done"] for r in results) - start, CxxWrapper.count(log)
 
@@ -98,7 +97,8 @@ def single(ctx: Ctx, kind: str, variant: int, remote: str | None) -> float:
 
 
 def run(ctx: Ctx) -> dict:
-    sys.path.insert(0, str(ctx.work.parent))
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))  # tests/redis_server.py starts the throwaway server
     try:
         from tests.redis_server import RedisServer, available
     except ImportError:  # benchmarks/ run from an installed tree without tests/
