@@ -139,7 +139,7 @@ def run(ctx: Ctx) -> dict:
         for kind in kinds:
             label = "arena stub (header-free)" if kind == "arena" else "torch-header extension"
             variant += 1
-            n_hit, n_build = (ctx.reps(2, 5), ctx.reps(2, 5)) if kind == "arena" else (5, 1)
+            n_hit, n_build = (ctx.reps(3, 5), ctx.reps(3, 5)) if kind == "arena" else (5, 1)
             if kind == "torch":
                 ctx.log("s8: torch-header extension, one local build (~40 s) against remote hits")
             builds = [single(ctx, kind, variant, None) for _ in range(n_build)]
