@@ -90,6 +90,10 @@ class StubCache:
             ``STUBCACHE_LOCK_TIMEOUT`` or 600). After that this process builds privately and does
             not publish.
         seeds: read-only stores consulted before ``root`` (default ``STUBCACHE_SEED_DIRS``).
+
+    With ``STUBCACHE_REMOTE`` set, a local miss asks the fleet's remote store before building,
+    and a build is uploaded after it is published (docs/remote.md). Its settings are checked
+    here: :class:`stubcache.remote.RemoteConfigError` on a misconfiguration.
     """
 
     def __init__(self, root: str | os.PathLike | None = None, *, lock_timeout: float | None = None,
