@@ -136,6 +136,11 @@ def test_misconfiguration_is_an_error_when_the_cache_is_made(cache_root, cxx):
     assert proc.returncode != 0 and "RemoteConfigError" in proc.stderr and "STUBCACHE_REMOTE_SECRET" in proc.stderr
 
 
+def test_import_stubcache_does_not_import_the_remote_tier(cache_root):
+    out = run_py("import sys, stubcache; print(sorted(m for m in sys.modules if 'remote' in m or 'redis' in m))")
+    assert out.stdout.strip() == "[]"
+
+
 def test_import_and_local_hit_neither_import_redis_nor_connect(redis, tmp_path, cxx):
     env = host_env(tmp_path, "a", redis.url)
     [(first, _)] = finish(engines([env], value_src(5), 0))
