@@ -602,6 +602,11 @@ def cmd_warm(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     from .doctor import fix_permissions, run_checks
 
+    if args.remote_url is not None:  # the remote checks read the environment
+        os.environ["STUBCACHE_REMOTE"] = args.remote_url
+    if args.remote_timeout is not None:
+        os.environ["STUBCACHE_REMOTE_TIMEOUT"] = args.remote_timeout
+
     root = _root(args)
     if args.fix and os.path.isdir(root):
         for line in fix_permissions(root):
@@ -750,6 +755,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("doctor", cmd_doctor, "check the root's permissions, filesystem, free space and toolchain")
     p.add_argument("--fix", action="store_true",
                    help="first repair permissions of paths you own (drop group/other write; shared modes)")
+    p.add_argument("--remote-url", metavar="URL", help="check this remote store (default: $STUBCACHE_REMOTE)")
+    p.add_argument("--remote-timeout", metavar="SECONDS",
+                   help="seconds per network call (default: $STUBCACHE_REMOTE_TIMEOUT or 2)")
     _fmt(p)
 
     p = add("init", cmd_init, "create or convert a cache root: private (0700), or shared with a group")

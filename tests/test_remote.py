@@ -170,6 +170,10 @@ def test_three_hosts_four_processes_cold_compile_once_fleet_wide(redis, tmp_path
     assert sum(t["hits"] for t in totals) == 2          # the two other hosts downloaded it
     assert blob_keys(redis) == [results[0][0]["key"]]
     assert all(not err.strip() for _, err in results)  # nothing to warn about
+    # the host lock let exactly one process per host talk to Redis
+    for h in "abc":
+        talkers = [f for f in (tmp_path / f"host-{h}" / "v1" / "events").iterdir() if b'"ev":"remote_' in f.read_bytes()]
+        assert len(talkers) == 1, h
 
 
 def test_builder_host_killed_mid_compile_lease_expires_and_another_host_takes_over(redis, tmp_path, cxx):
@@ -459,5 +463,8 @@ def test_cli_ls_prune_doctor_remote(redis, tmp_path, cxx):
     assert checks["remote secret"]["status"] == "error" and doc["errors"] >= 1
     down = json.loads(cli("doctor", "--format", "json", env=dict(env, STUBCACHE_REMOTE="redis://127.0.0.1:1/0")).stdout)
     assert {c["name"]: c["status"] for c in down["checks"]}["remote connection"] == "error"
+    opt = json.loads(cli("doctor", "--format", "json", "--remote-url", "redis://127.0.0.1:1/0",
+                         "--remote-timeout", "0.5", env=env).stdout)
+    assert {c["name"]: c["status"] for c in opt["checks"]}["remote connection"] == "error"
     st = cli("stats", env=env).stdout
     assert "remote uploads" in st
