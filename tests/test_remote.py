@@ -197,7 +197,6 @@ def test_builder_host_killed_mid_compile_lease_expires_and_another_host_takes_ov
     assert cxx.compiles() == 2  # host a's killed attempt, host b's takeover
     remote = stats(tmp_path / "host-b")["remote"]
     assert remote["lease_takeovers"] == 1 and remote["uploads"] == 1
-    assert "waiting for" not in err or "for the fleet" in err
     # a third host now downloads what b built
     [(res_c, _)] = finish(engines([host_env(tmp_path, "c", redis.url)], value_src(9), 0))
     assert res_c["value"] == 9 and cxx.compiles() == 2
