@@ -87,6 +87,8 @@ def child_env(**extra: str) -> dict:
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     for k in ("STUBCACHE_DIR", "STUBCACHE_REQUIRE_HIT", "STUBCACHE_LOCK_TIMEOUT", "TORCH_EXTENSIONS_DIR"):
         env.pop(k, None)
+    for k in [k for k in env if k.startswith("STUBCACHE_REMOTE")]:
+        env.pop(k)
     env.update({k: str(v) for k, v in extra.items()})
     return env
 

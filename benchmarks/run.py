@@ -38,6 +38,7 @@ SCENARIOS = {
     5: "s5_many_arenas",
     6: "s6_cache_mgmt",
     7: "s7_hit_breakdown",
+    8: "s8_fleet",
 }
 
 

@@ -64,6 +64,23 @@ def seed_roots() -> list[str]:
     return [os.path.abspath(p) for p in raw.split(os.pathsep) if p.strip()]
 
 
+def _remote_config():
+    """The remote-tier settings if ``STUBCACHE_REMOTE`` is set (checked now: a misconfiguration
+    is an error at start-up), else ``None``. Imports neither the client nor the network."""
+    if not os.environ.get("STUBCACHE_REMOTE"):
+        return None
+    from .remote.config import config_from_env
+
+    return config_from_env()
+
+
+def _require_hit_error(spec: StubSpec, base: str, root: str) -> CacheMissError:
+    return CacheMissError(
+        f"STUBCACHE_REQUIRE_HIT is set and {spec!r} (key {base}) is in neither the cache at "
+        f"{root} nor a seed store{' nor the remote cache' if os.environ.get('STUBCACHE_REMOTE') else ''}; "
+        "warm it with `stubcache warm` or unset STUBCACHE_REQUIRE_HIT")
+
+
 class StubCache:
     """A content-addressed cache of built stubs under one root directory.
 
@@ -73,6 +90,10 @@ class StubCache:
             ``STUBCACHE_LOCK_TIMEOUT`` or 600). After that this process builds privately and does
             not publish.
         seeds: read-only stores consulted before ``root`` (default ``STUBCACHE_SEED_DIRS``).
+
+    With ``STUBCACHE_REMOTE`` set, a local miss asks the fleet's remote store before building,
+    and a build is uploaded after it is published (docs/remote.md). Its settings are checked
+    here: :class:`stubcache.remote.RemoteConfigError` on a misconfiguration.
     """
 
     def __init__(self, root: str | os.PathLike | None = None, *, lock_timeout: float | None = None,
@@ -88,6 +109,9 @@ class StubCache:
         self._policies: dict[str, TrustPolicy] = {}
         self._mutex = threading.RLock()
         self._key_locks: dict[str, threading.Lock] = {}
+        # The fleet tier (docs/remote.md): settings checked now, client made on the first miss.
+        self._remote_config = _remote_config()
+        self._remote = None
 
     # --- public API --------------------------------------------------------------------------
 
@@ -202,11 +226,9 @@ class StubCache:
         if isinstance(found, Entry):
             self._event("hit", found.key, name=spec.name, seed=found.seed or None)
             return found
-        if _env_flag("STUBCACHE_REQUIRE_HIT"):
-            raise CacheMissError(
-                f"STUBCACHE_REQUIRE_HIT is set and {spec!r} (key {base}) is in neither the cache at "
-                f"{self.root} nor a seed store; warm it with `stubcache warm` or unset STUBCACHE_REQUIRE_HIT"
-            )
+        require_hit = _env_flag("STUBCACHE_REQUIRE_HIT")
+        if require_hit and self._remote_config is None:
+            raise _require_hit_error(spec, base, self.root)
         from . import locking
 
         timeout = self._lock_timeout if self._lock_timeout is not None else locking.lock_timeout_from_env()
@@ -252,16 +274,34 @@ class StubCache:
                     f"error building stub {spec.name!r} (failed in pid {failure.get('pid')} while this "
                     "process waited)", output=str(failure.get("output", "")), key=base, name=spec.name)
             self._event("miss", base, name=spec.name)
+            claim = None
             try:
                 self.store.clear_failure(base)
-                self.store.write_lease(base, spec.name)
-                return self._build_and_publish(spec, base)
+                self.store.write_lease(base, spec.name)  # waiters on this host see who is at work
+                if self._remote_config is not None and not spec.tracks_headers:
+                    budget = max(timeout - (time.time() - t_wait), 0.0)
+                    got = self._remote_tier().fetch_or_claim(
+                        base, preimage(spec.canonical(), self._fingerprint(spec)), spec.name, budget,
+                        may_build=not require_hit)
+                    from .remote.tier import Fetched
+
+                    if isinstance(got, Fetched):
+                        return self._publish_fetched(spec, base, got)
+                    claim = got  # this host builds for the fleet (or None: build, no upload)
+                if require_hit:
+                    raise _require_hit_error(spec, base, self.root)
+                entry = self._build_and_publish(spec, base)
+                if claim is not None:
+                    claim.upload(entry.manifest, entry.path)  # after the local publish
+                return entry
             except OSError as exc:
                 if exc.errno in _UNWRITABLE:
                     return self._degraded(spec, base, exc)
                 raise
             finally:
                 self.store.clear_lease(base)
+                if claim is not None:
+                    claim.release()
         finally:
             lock.release()
 
@@ -401,6 +441,38 @@ class StubCache:
             _faults.point("after_publish")
             self._event("build", manifest.key, result.seconds, name=spec.name, method=result.method)
             found = self._lookup(self.store, spec, base)
+            if not isinstance(found, Entry):
+                raise StubCacheError(f"entry {manifest.key} vanished right after publishing")
+            return found
+        finally:
+            self.store.rmtree(staging)
+
+    def _remote_tier(self):
+        if self._remote is None:
+            from .remote.tier import RemoteTier
+
+            self._remote = RemoteTier(self._remote_config, self._event)
+        return self._remote
+
+    def _publish_fetched(self, spec: StubSpec, base: str, fetched) -> Entry:
+        """Publish a verified remote blob into this root (staging + atomic rename, as a build
+        would) and return the entry looked up from there: nothing loads from a temporary copy."""
+        manifest = fetched.manifest
+        staging = self.store.new_staging(base)
+        try:
+            staged_entry = os.path.join(staging, "entry")
+            os.mkdir(staged_entry, 0o700)
+            fd = os.open(os.path.join(staged_entry, manifest.library),
+                         os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                view = memoryview(fetched.library)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
+            self._pin(manifest.key)
+            self.store.publish(staged_entry, manifest)  # False: an existing entry won
+            found = self._lookup(self.store, spec, base)  # verifies the published copy again
             if not isinstance(found, Entry):
                 raise StubCacheError(f"entry {manifest.key} vanished right after publishing")
             return found

@@ -197,6 +197,10 @@ def _ls_rows(entries, now: float, verbose: bool) -> tuple[list[str], list[list[A
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
+    if args.remote:
+        from .remote.commands import cmd_ls_remote
+
+        return cmd_ls_remote(args)
     from .scan import scan_entries
 
     store = _store(args)
@@ -259,7 +263,16 @@ def _stats_rows(s) -> list[tuple[str, str]]:
         ("torn event lines", str(s.bad_lines)),
         ("first event", _iso(s.first_event) or "-"),
         ("last event", _iso(s.last_event) or "-"),
-    ]
+    ] + ([] if not (os.environ.get("STUBCACHE_REMOTE") or any(vars(s.remote).values())) else [
+        ("remote hits", str(s.remote.hits)),
+        ("remote misses", str(s.remote.misses)),
+        ("remote uploads", str(s.remote.uploads)),
+        ("remote bytes down / up", f"{human_size(s.remote.bytes_downloaded)} / {human_size(s.remote.bytes_uploaded)}"),
+        ("remote rejected blobs", str(s.remote.rejected_blobs)),
+        ("fleet lease waits", f"{s.remote.lease_waits} ({human_seconds(s.remote.lease_wait_seconds)}, "
+                              f"{s.remote.lease_takeovers} taken over)"),
+        ("remote errors", str(s.remote.errors)),
+    ])
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
@@ -372,6 +385,10 @@ def _compact_events(args: argparse.Namespace, store, policy) -> None:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
+    if args.remote or args.max_age is not None:
+        from .remote.commands import cmd_prune_remote
+
+        return cmd_prune_remote(args)
     from .prune import PrunePolicy
     from .units import parse_duration, parse_size
 
@@ -585,6 +602,11 @@ def cmd_warm(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     from .doctor import fix_permissions, run_checks
 
+    if args.remote_url is not None:  # the remote checks read the environment
+        os.environ["STUBCACHE_REMOTE"] = args.remote_url
+    if args.remote_timeout is not None:
+        os.environ["STUBCACHE_REMOTE_TIMEOUT"] = args.remote_timeout
+
     root = _root(args)
     if args.fix and os.path.isdir(root):
         for line in fix_permissions(root):
@@ -651,6 +673,14 @@ def _fmt(p: argparse.ArgumentParser, choices=("table", "json")) -> None:
     p.add_argument("--format", choices=choices, default="table", help="output format (default: table)")
 
 
+def _remote_opts(p: argparse.ArgumentParser, help_: str) -> None:
+    p.add_argument("--remote", action="store_true", help=help_)
+    p.add_argument("--remote-url", metavar="URL",
+                   help="remote store (default: $STUBCACHE_REMOTE), e.g. redis://host:6379/0")
+    p.add_argument("--remote-timeout", metavar="SECONDS",
+                   help="seconds per network call (default: $STUBCACHE_REMOTE_TIMEOUT or 2)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stubcache",
@@ -676,6 +706,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sort by this field (default: used, least recently used first)")
     p.add_argument("--reverse", action="store_true", help="reverse the order")
     p.add_argument("--no-probe", action="store_true", help="do not check whether live processes hold entries")
+    _remote_opts(p, "list the blobs in the remote store instead of the local entries")
     _fmt(p, ("table", "json", "csv"))
 
     p = add("stats", cmd_stats, "counters folded from every process's event file")
@@ -696,6 +727,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="remove quarantined entries older than AGE (default 7d)")
     p.add_argument("--no-leftovers", action="store_true",
                    help="leave staging dirs, leases, trash and quarantine alone")
+    _remote_opts(p, "prune the remote store instead of the local root (needs --max-age)")
+    p.add_argument("--max-age", metavar="AGE",
+                   help="with --remote: remove blobs built longer than AGE ago (e.g. 30d)")
     removal_opts(p)
 
     p = add("verify", cmd_verify, "recheck every entry's checksum and manifest; quarantine failures")
@@ -721,6 +755,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("doctor", cmd_doctor, "check the root's permissions, filesystem, free space and toolchain")
     p.add_argument("--fix", action="store_true",
                    help="first repair permissions of paths you own (drop group/other write; shared modes)")
+    p.add_argument("--remote-url", metavar="URL", help="check this remote store (default: $STUBCACHE_REMOTE)")
+    p.add_argument("--remote-timeout", metavar="SECONDS",
+                   help="seconds per network call (default: $STUBCACHE_REMOTE_TIMEOUT or 2)")
     _fmt(p)
 
     p = add("init", cmd_init, "create or convert a cache root: private (0700), or shared with a group")

@@ -233,4 +233,6 @@ def check_environment() -> list[Check]:
 
 def run_checks(root: str) -> list[Check]:
     """Every check, in the order ``doctor`` prints them."""
-    return check_root(root) + check_filesystem(root) + check_toolchain(root) + check_environment()
+    from .remote.admin import doctor_checks as check_remote  # imports the client only if configured
+
+    return check_root(root) + check_filesystem(root) + check_toolchain(root) + check_environment() + check_remote()

@@ -36,6 +36,7 @@ class EventTotals:
     bad_lines: int = 0
     first_event: float | None = None
     last_event: float | None = None
+    remote: "RemoteTotals" = field(default_factory=lambda: RemoteTotals())
     hits_by_key: dict[str, int] = field(default_factory=dict)
     build_seconds_by_key: dict[str, float] = field(default_factory=dict)
 
@@ -71,9 +72,57 @@ class EventTotals:
         elif ev == "private_build":
             self.private_builds += 1
             self.private_build_seconds += s
+        elif ev in REMOTE_EVENTS:
+            self.remote.add(ev, rec, s)
         elif ev == "archive":
             n = rec.get("processes")
             self.processes += int(n) if isinstance(n, int) else 0
+
+
+REMOTE_EVENTS = frozenset(("remote_hit", "remote_miss", "upload", "remote_rejected", "lease_wait", "remote_error"))
+
+
+@dataclass
+class RemoteTotals:
+    """Counters of the remote tier (docs/remote.md): ``hits`` are blobs downloaded and published
+    locally (each follows a local miss), ``misses`` keys the remote store did not have."""
+
+    hits: int = 0
+    misses: int = 0
+    uploads: int = 0
+    bytes_downloaded: int = 0
+    bytes_uploaded: int = 0
+    download_seconds: float = 0.0
+    rejected_blobs: int = 0
+    lease_waits: int = 0
+    lease_wait_seconds: float = 0.0
+    lease_takeovers: int = 0
+    errors: int = 0
+
+    def add(self, ev: str, rec: dict[str, Any], s: float) -> None:
+        n = rec.get("bytes")
+        n = n if isinstance(n, int) else 0
+        if ev == "remote_hit":
+            self.hits += 1
+            self.bytes_downloaded += n
+            self.download_seconds += s
+        elif ev == "remote_miss":
+            self.misses += 1
+        elif ev == "upload":
+            self.uploads += 1
+            self.bytes_uploaded += n
+        elif ev == "remote_rejected":
+            self.rejected_blobs += 1
+        elif ev == "lease_wait":
+            self.lease_waits += 1
+            self.lease_wait_seconds += s
+            if rec.get("outcome") == "takeover":
+                self.lease_takeovers += 1
+        elif ev == "remote_error":
+            self.errors += 1
+
+    def rounded(self) -> "RemoteTotals":
+        return RemoteTotals(**{k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(self).items()})
 
 
 def fold_lines(lines: Iterable[bytes], totals: EventTotals) -> None:
@@ -256,6 +305,7 @@ class Stats:
     bad_lines: int
     first_event: float | None
     last_event: float | None
+    remote: RemoteTotals = field(default_factory=RemoteTotals)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -293,4 +343,5 @@ def compute_stats(root: str, entries: list[EntryRecord], totals: EventTotals, qu
         bad_lines=totals.bad_lines,
         first_event=totals.first_event,
         last_event=totals.last_event,
+        remote=totals.remote.rounded(),
     )

@@ -32,6 +32,9 @@ def cache_root(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("STUBCACHE_DIR", str(root))
     monkeypatch.delenv("STUBCACHE_REQUIRE_HIT", raising=False)
     monkeypatch.delenv("STUBCACHE_LOCK_TIMEOUT", raising=False)
+    for name in list(os.environ):
+        if name.startswith("STUBCACHE_REMOTE"):  # the fleet tier only where a test turns it on
+            monkeypatch.delenv(name)
     return root
 
 
