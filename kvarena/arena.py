@@ -151,9 +151,9 @@ class KvArena:
         try:
             return self._stub.acquire_slot()
         except SlotsExhaustedError:
-            if not self._stub.retired_slots():
-                raise
-        # Closed arenas whose pool died in a reference cycle, or whose blocks torch still
+            pass
+        # Arenas dropped without close() in a reference cycle hold their slots until the
+        # collector runs; closed arenas whose pool died in a cycle, or whose blocks torch still
         # caches in a released pool, hold retired slots: collect, let torch hand them back, retry.
         gc.collect()
         if kind == "cuda":

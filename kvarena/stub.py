@@ -314,6 +314,10 @@ class StubLibrary:
         self._lock = threading.Lock()
         self._free_slots = list(range(self.nslots - 1, -1, -1))  # pop() hands out 0 first
         self._retired: dict[int, list[weakref.ref]] = {}  # closed, waiting for their last caller
+        # Slots released but not yet moved into _retired. _retire only appends here, never
+        # takes _lock: it runs from an arena's finalizer, i.e. from whatever allocation the
+        # garbage collector runs at, also one made while this thread holds _lock.
+        self._released: list[tuple[int, list[weakref.ref]]] = []
 
     def slot_stats(self, index: int) -> dict:
         """The stub's counters of slot ``index`` (see :meth:`Slot.stats`)."""
@@ -339,13 +343,14 @@ class StubLibrary:
         return Slot(self, index)
 
     def _retire(self, index: int, keepers: list) -> None:
-        with self._lock:
-            if index not in self._free_slots:
-                self._retired[index] = keepers
-            self._reclaim_locked()
+        self._released.append((index, keepers))  # atomic; taken into _retired under the lock
 
     def _reclaim_locked(self) -> int:
         back = 0
+        while self._released:
+            index, keepers = self._released.pop()
+            if index not in self._free_slots:
+                self._retired[index] = keepers
         for index, keepers in list(self._retired.items()):
             if any(ref() is not None for ref in keepers) or self.slot_stats(index)["live"]:
                 continue

@@ -349,3 +349,46 @@ def test_a_slot_held_only_by_a_reference_cycle_comes_back_when_needed(cache):
         gc.enable()
         for x in arenas:
             x.close()
+
+
+def test_arenas_dropped_in_reference_cycles_neither_deadlock_nor_use_up_the_slots(cache_root):
+    """Arenas dropped without close() inside reference cycles are closed by the garbage
+    collector, at whatever allocation it runs, including one inside kvarena's own slot
+    bookkeeping (a collection there used to wait forever on the lock it was called under).
+    Opening an arena when every slot is held by such garbage collects it instead of failing."""
+    proc = run_py("""
+        import faulthandler, gc
+        faulthandler.dump_traceback_later(40, exit=True)  # a deadlock fails with its stack
+        from kvarena import KvArena, load_stub
+        stub = load_stub()
+        gc.disable()
+        a = KvArena(1 << 16)
+        a.cycle = a  # never closed, unreachable: only the collector can close it
+        del a
+        with stub._lock:  # deterministic: a collection inside the critical section
+            gc.collect()
+        print("collected inside the lock")
+        gc.enable()
+        for threshold in (1, 2, 3, 5, 8):  # collections at many different allocations
+            gc.set_threshold(threshold)
+            for _ in range(2 * 64):
+                a = KvArena(1 << 16)
+                a.cycle = a
+                del a
+                stub.free_slots()
+        gc.set_threshold(700)
+        gc.disable()
+        arenas = []
+        for _ in range(64):  # every slot held by unreachable, unclosed arenas
+            a = KvArena(1 << 16)
+            a.cycle = a
+            arenas.append(a)
+        del a, arenas
+        b = KvArena(1 << 16)  # collects them instead of raising SlotsExhaustedError
+        b.close()
+        gc.collect()
+        print("free slots", stub.free_slots())
+    """, timeout=120, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "collected inside the lock" in out and "free slots 64" in out, out
