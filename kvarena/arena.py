@@ -58,11 +58,14 @@ class _Resources:
     def release_allocator(self) -> None:
         # Dropping the last reference to the pool makes torch hand its cached segments back
         # through the slot's free function. Whatever keeps the pool alive (a user's reference,
-        # a traceback) keeps the slot retired: torch may still call into it.
-        keepers = [weakref.ref(x) for x in (self.pool, self.allocator) if x is not None]
+        # a traceback) keeps the slot retired: torch may still call into it. The allocator is
+        # kept with the retired slot until its last block is freed: a tensor that outlives the
+        # pool is freed through it, and a torch without PR #171962 does not keep it alive.
+        keepers = [weakref.ref(self.pool)] if self.pool is not None else []
+        hold = (self.allocator,) if self.allocator is not None else ()
         self.pool = None
         self.allocator = None
-        self.slot.release(keepers)
+        self.slot.release(keepers, hold)
 
     def release_backend(self) -> None:
         """Release the memory; on failure raise with what is left, and retry on the next call."""

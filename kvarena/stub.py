@@ -269,19 +269,20 @@ class Slot:
         """``base, reserved, align, cursor, nalloc, nfree, nfail, live, gen`` as the stub sees them."""
         return self.stub.slot_stats(self.index)
 
-    def release(self, keepers: Sequence["weakref.ref[Any]"] = ()) -> None:
+    def release(self, keepers: Sequence["weakref.ref[Any]"] = (), hold: Sequence[Any] = ()) -> None:
         """Unconfigure the slot (every later allocation fails) and hand it back to the stub.
 
         The slot is reused only once nothing can call into it any more: every allocation it
         made has been freed (the stub's ``live`` count is 0) and every object in ``keepers``
-        (weak references to whatever can still allocate through it: a torch ``MemPool`` and
-        its allocator) is gone. Until then it stays retired.
+        (weak references to whatever can still allocate through it: a torch ``MemPool``) is
+        gone. Until then it stays retired, and the objects in ``hold`` (torch's allocator,
+        which frees the blocks that outlive the pool) are kept alive with it.
         """
         if not self.released:
             self.released = True
             if self.gen:
                 self.stub._unconfigure(self.index, self.gen)
-            self.stub._retire(self.index, list(keepers))
+            self.stub._retire(self.index, list(keepers), tuple(hold))
 
 
 class StubLibrary:
@@ -313,11 +314,12 @@ class StubLibrary:
         self.nslots = int(lib.kvarena_nslots())
         self._lock = threading.Lock()
         self._free_slots = list(range(self.nslots - 1, -1, -1))  # pop() hands out 0 first
-        self._retired: dict[int, list[weakref.ref]] = {}  # closed, waiting for their last caller
+        # closed, waiting for their last caller: (keepers, objects held alive until then)
+        self._retired: dict[int, tuple[list[weakref.ref], tuple]] = {}
         # Slots released but not yet moved into _retired. _retire only appends here, never
         # takes _lock: it runs from an arena's finalizer, i.e. from whatever allocation the
         # garbage collector runs at, also one made while this thread holds _lock.
-        self._released: list[tuple[int, list[weakref.ref]]] = []
+        self._released: list[tuple[int, list[weakref.ref], tuple]] = []
 
     def slot_stats(self, index: int) -> dict:
         """The stub's counters of slot ``index`` (see :meth:`Slot.stats`)."""
@@ -342,16 +344,16 @@ class StubLibrary:
             index = self._free_slots.pop()
         return Slot(self, index)
 
-    def _retire(self, index: int, keepers: list) -> None:
-        self._released.append((index, keepers))  # atomic; taken into _retired under the lock
+    def _retire(self, index: int, keepers: list, hold: tuple = ()) -> None:
+        self._released.append((index, keepers, hold))  # atomic; taken into _retired under the lock
 
     def _reclaim_locked(self) -> int:
         back = 0
         while self._released:
-            index, keepers = self._released.pop()
+            index, keepers, hold = self._released.pop()
             if index not in self._free_slots:
-                self._retired[index] = keepers
-        for index, keepers in list(self._retired.items()):
+                self._retired[index] = (keepers, hold)
+        for index, (keepers, _) in list(self._retired.items()):
             if any(ref() is not None for ref in keepers) or self.slot_stats(index)["live"]:
                 continue
             del self._retired[index]

@@ -257,3 +257,29 @@ def test_live_counts_every_unfreed_allocation_across_threads(stub):
     assert slot.stats()["live"] == 0
     slot.release()
     assert slot.index not in stub.retired_slots()
+
+
+def test_the_allocator_outlives_every_allocation_it_made(stub):
+    """A torch without PR #171962 (MemPool's private pool holds a raw pointer to the custom
+    allocator) calls the allocator's free for a tensor that outlived its pool: the allocator
+    object must stay alive until the slot's last allocation is freed, not die at close()."""
+    from kvarena.arena import _Resources
+    from kvarena.host import HostBackend
+
+    class Obj:
+        pass
+
+    backend = HostBackend(1 << 16)
+    slot = stub.acquire_slot()
+    slot.configure(backend.base, backend.reserved, 64)
+    res = _Resources(backend, slot)
+    res.pool, res.allocator = Obj(), Obj()
+    pool_ref, alloc_ref = weakref.ref(res.pool), weakref.ref(res.allocator)
+    alloc, free = _torch_side(stub, slot)
+    ptr = alloc(4096, 0, None)  # a tensor still alive at close()
+    res.release()
+    assert pool_ref() is None  # the pool is dropped at close (torch frees its cached blocks then)
+    assert alloc_ref() is not None and slot.index in stub.retired_slots()
+    free(ptr, 4096, 0, None)  # the tensor goes; torch frees its block through the allocator
+    assert slot.index not in stub.retired_slots()
+    assert alloc_ref() is None  # and only now may the allocator go
