@@ -68,6 +68,9 @@ def _copy_tree(dst: Path) -> None:
 def test_gpu_script_from_a_copied_tree_without_platformdirs(tmp_path):
     tree = tmp_path / "tree"
     _copy_tree(tree)
+    gpu_tests = tree / "tests" / "gpu" / "test_kvarena_cuda.py"  # torch's warnings name C++ scopes
+    gpu_tests.write_text(gpu_tests.read_text() + "\nimport warnings\nwarnings.warn('Triggered internally at "
+                         "c10::cuda::device_count')\n")
     hide = tmp_path / "hide" / "platformdirs"  # the GPU host has no platformdirs
     hide.mkdir(parents=True)
     (hide / "__init__.py").write_text("raise ImportError('no platformdirs on this host')\n")
