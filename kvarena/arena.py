@@ -309,7 +309,9 @@ class KvArena:
         (:meth:`check_pool`), or if torch handed out a *cached* block (a freed tensor's memory,
         reused without asking the arena) that lies in uncommitted memory; tensors allocated in
         that block must then not be used. The check sees the tensors still alive when the block
-        exits. A fresh allocation past ``committed`` is allowed: commit before touching it.
+        exits. If the pool already caches such a block on entry, :class:`ArenaError` is raised
+        before anything is routed (the body would write to it before any check on leaving).
+        A fresh allocation past ``committed`` is allowed: commit before touching it.
         """
         return self._use(check_reuse=True)
 
@@ -325,6 +327,19 @@ class KvArena:
         slot = self._res.slot
         failed_before = slot.stats()["nfail"]
         before = torch_pool.snapshot(pool) if check_reuse else []
+        # Refuse before routing anything: torch would hand such a block out without asking the
+        # arena, and the body writes to what it gets at once (torch.zeros), long before a check
+        # on leaving could warn. Checked again on leaving, for a block cached meanwhile.
+        hazard = torch_pool.cached_blocks(before, self.base + self._committed, self.base + self.reserved)
+        if hazard:
+            del pool
+            end = max(b.address + b.size for b in hazard) - self.base
+            raise ArenaError(
+                f"torch's pool of this arena caches freed block(s) in uncommitted memory "
+                f"({torch_pool.describe(hazard, self.base)}; {self._committed} bytes committed): tensors freed "
+                "after uncommit_beyond() or allocated past the commit point. torch would hand them out again "
+                "without asking the arena, and the first write to one would be an illegal address that breaks "
+                f"the CUDA context. commit({end}) first, or close and recreate the arena")
         try:
             with torch.cuda.use_mem_pool(pool, device=self._device_index):
                 yield pool

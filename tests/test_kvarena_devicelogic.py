@@ -307,3 +307,52 @@ def test_reused_blocks_are_the_cached_ones_handed_out_again():
     beyond_commit = torch_pool.reused_blocks(before, after, BASE + 2 * GRAN, BASE + 8 * GRAN)
     assert [(b.address - BASE) // GRAN for b in beyond_commit] == [3]  # a fresh block past commit is allowed
     assert torch_pool.reused_blocks([], after, BASE, BASE + 8 * GRAN) == []
+
+
+def test_use_refuses_before_routing_anything_when_torch_caches_a_block_over_uncommitted_memory(
+        cache_root, monkeypatch):
+    """A block cached over unmapped memory (a tensor alive at uncommit_beyond, freed later)
+    is handed out again by torch without asking the arena, and the body of ``with use():``
+    writes to it at once (``torch.zeros``): a check on leaving comes too late, the CUDA context
+    is already broken. So use() refuses on entry. Fakes: torch's snapshot of the pool and
+    use_mem_pool (the arena is a host arena given a pool); the GPU test does it for real."""
+    torch = pytest.importorskip("torch")
+    import stubcache
+    from kvarena import KvArena
+
+    entered = []
+
+    @contextlib.contextmanager
+    def use_mem_pool(pool, device=None):
+        entered.append(device)
+        yield
+
+    monkeypatch.setattr(torch.cuda, "use_mem_pool", use_mem_pool)
+    with KvArena(64 * MiB, cache=stubcache.StubCache(cache_root), granularity=GRAN) as a:
+        a.commit(2 * GRAN)
+        state = {"cached": "inactive"}
+
+        def snapshot(pool):
+            return [_seg(-1, a.base, GRAN, [(a.base, GRAN, "active_allocated")]),
+                    _seg(-1, a.base + GRAN, 2 * GRAN, [(a.base + GRAN, 2 * GRAN, state["cached"])])]
+
+        monkeypatch.setattr(torch_pool, "snapshot", snapshot)
+        pool = types.SimpleNamespace(id=(0, 1))
+        a._res.pool = pool
+        try:
+            with pytest.raises(ArenaError, match=r"caches freed block\(s\) in uncommitted memory \(1: .*"
+                                                 r"\+0x200000, 4194304 B, .*inactive\).*commit\(6291456\)"):
+                with a.use():
+                    pytest.fail("use() routed allocations with a cached block over unmapped memory")
+            assert entered == []
+            a.commit(3 * GRAN)
+            with a.use():  # committed now: nothing to fear
+                pass
+            assert entered == [-1]
+            state["cached"] = "active_allocated"  # live, not cached: the upper-bound pattern
+            assert a.uncommit_beyond(GRAN) == 2 * GRAN
+            with a.use():
+                pass
+            assert len(entered) == 2
+        finally:
+            a._res.pool = None
