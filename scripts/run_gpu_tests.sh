@@ -34,6 +34,8 @@ export PYTHONDONTWRITEBYTECODE=1  # leave the copied tree as it was
 export STUBCACHE_DIR="$WORK/cache"  # private and fresh: the first arena compiles the stub
 export KVARENA_GPU_ISOLATED=1  # this script starts one process per test itself
 TIMEOUT_S="${KVARENA_GPU_TEST_TIMEOUT:-300}"
+# a test still running this long prints every thread's stack into its log: a hang says where
+DUMP_S=$(awk -v t="$TIMEOUT_S" 'BEGIN { d = t - 10; if (d < 1) d = t / 2; printf "%d", (d < 1 ? 1 : d) }')
 
 echo "== environment"
 if ! command -v "$PY" >/dev/null 2>&1; then
@@ -142,7 +144,8 @@ for i in "${!TESTS[@]}"; do
     id=${TESTS[$i]}
     log="$WORK/test$i.log"
     t0=$(date +%s.%N)
-    timeout -k 10 "$TIMEOUT_S" "$PY" -m pytest -q -rs -p no:cacheprovider --basetemp="$WORK/tmp$i" "$id" >"$log" 2>&1
+    timeout -k 10 "$TIMEOUT_S" "$PY" -m pytest -q -rs -p no:cacheprovider -o faulthandler_timeout="$DUMP_S" \
+        --basetemp="$WORK/tmp$i" "$id" >"$log" 2>&1
     rc=$?
     secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1fs", b - a }')
     if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then

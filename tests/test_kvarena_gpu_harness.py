@@ -35,6 +35,11 @@ def test_3_skips():
 
 def test_4_fails():
     assert 1 == 2, "really fails"
+
+def test_5_hangs():
+    import time
+    print("hung here", flush=True)
+    time.sleep(60)
 """
 
 
@@ -45,7 +50,7 @@ def test_each_gpu_test_runs_in_its_own_process(tmp_path):
     (d / "test_iso.py").write_text(textwrap.dedent(_TESTS))
     pids = tmp_path / "pids"
     env = {k: v for k, v in os.environ.items() if k != "KVARENA_GPU_ISOLATED"}
-    env.update(KVA_PIDS=str(pids), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+    env.update(KVA_PIDS=str(pids), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", KVARENA_GPU_TEST_TIMEOUT="8")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", str(d)], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=300)
     out = proc.stdout
@@ -53,7 +58,9 @@ def test_each_gpu_test_runs_in_its_own_process(tmp_path):
     assert re.search(r"_ test_4_fails _+\nexit 1 in its own process.*really fails", out, re.S), out
     assert re.search(r"PASSED .*test_2_runs_after_the_crash", out), out
     assert re.search(r"SKIPPED \[1\] .*not on this host", out), out
-    assert "2 failed, 1 passed, 1 skipped" in out
+    assert re.search(r"_ test_5_hangs _+\n\S+ did not finish in 8 s in its own process:\n(.*\n)*Timeout.*\n"
+                     r"(.*\n)*.*line \d+ in test_5_hangs\n", out), out  # the stack where it hung
+    assert "3 failed, 1 passed, 1 skipped" in out
     noted = dict(line.split() for line in pids.read_text().splitlines())
     assert set(noted) == {"crash", "after"} and noted["crash"] != noted["after"]
     assert proc.returncode == 1

@@ -28,16 +28,21 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function):
         return None  # we are the isolated child: run the test here
     basetemp = tempfile.mkdtemp(prefix="kvarena-gpu-")
     env = dict(os.environ, **{ISOLATED: "1"})
+    # a test still running shortly before the timeout prints every thread's stack: a hang says where
     cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", f"--basetemp={basetemp}/t",
-           pyfuncitem.nodeid]
+           "-o", f"faulthandler_timeout={max(TIMEOUT - 5, 1):.0f}", pyfuncitem.nodeid]
+    hung = None
     try:
         proc = subprocess.run(cmd, cwd=str(pyfuncitem.config.rootpath), env=env, capture_output=True, text=True,
                               timeout=TIMEOUT)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"{pyfuncitem.nodeid} did not finish in {TIMEOUT:.0f} s in its own process:\n"
-                    f"{(exc.stdout or '')[-4000:]}", pytrace=False)
+    except subprocess.TimeoutExpired as exc:  # its output comes as bytes, whatever text= said
+        hung = "".join(x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
+                       for x in (exc.stdout, exc.stderr))
     finally:
         shutil.rmtree(basetemp, ignore_errors=True)
+    if hung is not None:
+        pytest.fail(f"{pyfuncitem.nodeid} did not finish in {TIMEOUT:.0f} s in its own process:\n{hung[-8000:]}",
+                    pytrace=False)
     out = proc.stdout + proc.stderr
     if proc.returncode == 0 and re.search(r"\b1 passed\b", out):
         return True
