@@ -18,7 +18,7 @@ import subprocess
 import threading
 import time
 
-from . import _log
+from . import _log, buildinputs
 from .errors import BuildError
 from .fingerprint import torch_dir
 from .spec import StubSpec
@@ -32,27 +32,32 @@ _warned_no_implicit = False
 class BuildResult:
     """What a build produced, before publish."""
 
-    __slots__ = ("library", "module_name", "headers", "method", "seconds", "log")
+    __slots__ = ("library", "module_name", "headers", "method", "seconds", "log", "inputs", "unstable")
 
-    def __init__(self, library: str, module_name: str, headers: dict, method: str, seconds: float, log: str):
+    def __init__(self, library: str, module_name: str, headers: dict, method: str, seconds: float, log: str,
+                 inputs: dict | None = None, unstable: list | None = None):
         self.library = library
         self.module_name = module_name
-        self.headers = headers
+        self.headers = headers  # every tracked input file (headers and linker inputs): {path: sha256}
         self.method = method
         self.seconds = seconds
         self.log = log
+        self.inputs = inputs  # the manifest's ``inputs`` record (signatures, shadow candidates)
+        self.unstable = unstable or []  # tracked files written while the build ran
 
 
 def build(spec: StubSpec, build_dir: str) -> BuildResult:
     """Build ``spec`` inside ``build_dir`` (which must be private to this build)."""
     t0 = time.perf_counter()
+    started_ns = time.time_ns()
     if spec.build_method == "direct":
         library, out, deps = _build_direct(spec, build_dir)
     else:
         library, out, deps = _build_load_inline(spec, build_dir)
-    headers = tracked_headers(spec, deps, exclude=build_dir)
+    tracked = buildinputs.tracked_inputs(spec, build_dir, deps, started_ns)
     module_name = os.path.basename(library).split(".", 1)[0]
-    return BuildResult(library, module_name, headers, spec.build_method, time.perf_counter() - t0, out)
+    return BuildResult(library, module_name, tracked.files, spec.build_method, time.perf_counter() - t0, out,
+                       tracked.record, tracked.unstable)
 
 
 # --- the direct path ------------------------------------------------------------------------
@@ -62,8 +67,7 @@ def direct_command(spec: StubSpec, source: str, output: str, depfile: str) -> li
     """The single compiler invocation equivalent to torch's compile + link steps (pure)."""
     import sysconfig
 
-    cxx = os.environ.get("CXX", "c++")
-    cmd = [cxx, "-MMD", "-MF", depfile,
+    cmd = [*buildinputs.compiler_command(), "-MD", "-MF", depfile,
            f"-DTORCH_EXTENSION_NAME={spec.name}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
     cmd += [f"-I{p}" for p in spec.extra_include_paths]
     system = []
@@ -78,7 +82,7 @@ def direct_command(spec: StubSpec, source: str, output: str, depfile: str) -> li
             cmd += ["-isystem", d]
     cmd += ["-fPIC", "-std=c++20", *spec.extra_cflags, source, "-shared", AS_NEEDED,
             *spec.extra_ldflags, "-o", output]
-    return cmd
+    return cmd + buildinputs.extra_link_flags()
 
 
 def _build_direct(spec: StubSpec, build_dir: str) -> tuple[str, str, list[str]]:
@@ -86,10 +90,14 @@ def _build_direct(spec: StubSpec, build_dir: str) -> tuple[str, str, list[str]]:
     with open(source, "w", encoding="utf-8") as fh:
         fh.write("\n".join(spec.cpp_sources))
     output = os.path.join(build_dir, f"{spec.name}.so")
-    depfile = os.path.join(build_dir, "main.d")
-    cmd = direct_command(spec, source, output, depfile)
+    # Relative names (the compiler runs in build_dir) and the prefix map keep the random staging
+    # path out of the library, so two builds of one key give identical bytes.
+    cmd = direct_command(spec, "main.cpp", f"{spec.name}.so", buildinputs.DEPFILE)
+    cmd[len(buildinputs.compiler_command()):len(buildinputs.compiler_command())] = buildinputs.prefix_map_flags(build_dir)
+    env = dict(os.environ, TMPDIR=build_dir)  # the compiler's temporary object: not under /tmp
     try:
-        proc = subprocess.run(cmd, cwd=build_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
+        proc = subprocess.run(cmd, cwd=build_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False,
+                              env=env)
     except OSError as exc:
         raise BuildError(f"cannot run the compiler {cmd[0]!r}: {exc}; set CXX or install a C++ compiler",
                          name=spec.name) from None
@@ -99,39 +107,10 @@ def _build_direct(spec: StubSpec, build_dir: str) -> tuple[str, str, list[str]]:
     text = "$ " + shlex.join(cmd) + "\n" + out
     if proc.returncode != 0 or not os.path.isfile(output):
         raise BuildError(f"error building stub {spec.name!r} (exit {proc.returncode})", output=text, name=spec.name)
-    return output, text, _parse_depfile(depfile)
-
-
-def _parse_depfile(path: str) -> list[str]:
-    try:
-        with open(path, encoding="utf-8", errors="surrogateescape") as fh:
-            text = fh.read()
-    except OSError:
-        return []
-    text = text.replace("\\\n", " ")
-    out: list[str] = []
-    for line in text.splitlines():
-        if ":" not in line:
-            continue
-        _, rest = line.split(":", 1)
-        token = ""
-        i = 0
-        while i < len(rest):
-            c = rest[i]
-            if c == "\\" and i + 1 < len(rest) and rest[i + 1] == " ":
-                token += " "
-                i += 2
-                continue
-            if c.isspace():
-                if token:
-                    out.append(token)
-                token = ""
-            else:
-                token += c
-            i += 1
-        if token:
-            out.append(token)
-    return out
+    deps = buildinputs.read_deps(build_dir)
+    if "-Wl,--trace" in cmd:
+        deps += buildinputs.trace_deps(out)
+    return output, text, deps
 
 
 # --- the load_inline path -------------------------------------------------------------------
@@ -151,9 +130,10 @@ def _build_load_inline(spec: StubSpec, build_dir: str) -> tuple[str, str, list[s
         cpp_sources=list(spec.cpp_sources),
         cuda_sources=list(spec.cuda_sources) or None,
         functions=dict(spec.functions) if spec.functions is not None else None,
-        extra_cflags=list(spec.extra_cflags),
+        extra_cflags=[*buildinputs.prefix_map_flags(build_dir), *buildinputs.compile_dep_flags(),
+                      *spec.extra_cflags],
         extra_cuda_cflags=list(spec.extra_cuda_cflags),
-        extra_ldflags=[AS_NEEDED, *spec.extra_ldflags],
+        extra_ldflags=[AS_NEEDED, *spec.extra_ldflags, *buildinputs.extra_link_flags()],
         extra_include_paths=list(spec.extra_include_paths),
         build_directory=build_dir,
         verbose=False,
@@ -182,7 +162,7 @@ def _build_load_inline(spec: StubSpec, build_dir: str) -> tuple[str, str, list[s
     libs = [p for p in glob.glob(os.path.join(build_dir, "*.so"))]
     if len(libs) != 1:
         raise BuildError(f"torch built {len(libs)} libraries for {spec.name!r}, expected 1", name=spec.name)
-    deps = _ninja_deps(build_dir)
+    deps = _ninja_deps(build_dir) + buildinputs.read_deps(build_dir)
     try:
         with open(os.path.join(build_dir, "build.ninja"), encoding="utf-8") as fh:
             text = fh.read()
@@ -201,40 +181,3 @@ def _ninja_deps(build_dir: str) -> list[str]:
                           stderr=subprocess.DEVNULL, check=False)
     return [ln.strip() for ln in proc.stdout.decode("utf-8", "surrogateescape").splitlines()
             if ln.startswith((" ", "\t")) and ln.strip()]
-
-
-# --- dependency tracking --------------------------------------------------------------------
-
-
-def user_include_dirs(spec: StubSpec) -> list[str]:
-    """Directories whose headers count towards the key: extra_include_paths and -I flags."""
-    dirs = list(spec.extra_include_paths)
-    flags = list(spec.extra_cflags)
-    for i, f in enumerate(flags):
-        for prefix in ("-I", "-isystem", "-iquote"):
-            if f.startswith(prefix):
-                val = f[len(prefix):].strip() or (flags[i + 1] if i + 1 < len(flags) else "")
-                if val:
-                    dirs.append(os.path.abspath(val))
-    return [os.path.realpath(d) for d in dirs]
-
-
-def tracked_headers(spec: StubSpec, deps: list[str], exclude: str | None = None) -> dict[str, str]:
-    """``{path: sha256}`` of every dependency under a user include directory, except files of
-    the build itself (``exclude``: the staging directory may lie under an include directory)."""
-    from .store import file_sha256
-
-    dirs = [d.rstrip("/") + "/" for d in user_include_dirs(spec)]
-    if not dirs:
-        return {}
-    skip = os.path.realpath(exclude).rstrip("/") + "/" if exclude else None
-    out: dict[str, str] = {}
-    for dep in deps:
-        real = os.path.realpath(dep)
-        if skip and real.startswith(skip):
-            continue
-        if any(real.startswith(d) for d in dirs) and os.path.isfile(real):
-            out[real] = file_sha256(real)
-    return out
-
-

@@ -14,7 +14,8 @@ from .errors import (BuildError, CacheMissError, IntegrityError, LockTimeoutErro
 from .key import base_key, entry_key, preimage
 from .manifest import MANIFEST_NAME, Manifest
 from .spec import StubSpec
-from .store import Store, default_root, file_sha256, headers_match
+from .inputs import still_valid
+from .store import Store, default_root, file_sha256
 from .trust import TrustPolicy, check_dir, load_policy, private_policy
 
 __version__ = "0.1.0"
@@ -233,12 +234,8 @@ class StubCache:
 
         timeout = self._lock_timeout if self._lock_timeout is not None else locking.lock_timeout_from_env()
         t_wait = time.time()
-        if spec.tracks_headers:
-            def published() -> bool:
-                return bool(self.store.variant_keys(base)) or os.path.isdir(self.store.entry_dir(base))
-        else:
-            def published() -> bool:
-                return os.path.isdir(self.store.entry_dir(base))
+        def published() -> bool:
+            return bool(self.store.variant_keys(base)) or os.path.isdir(self.store.entry_dir(base))
         try:
             self.store.ensure()
             lock = locking.acquire(self.store, base, timeout, spec.name, published)
@@ -322,12 +319,9 @@ class StubCache:
         return self._lookup(self.store, spec, base)
 
     def _lookup(self, store: Store, spec: StubSpec, base: str, seed: bool = False) -> "Entry | _Corrupt | None":
-        if spec.tracks_headers:
-            # Variants built with tracked headers, then the plain entry of a build that used none.
-            keys = store.variant_keys(base) + [base]
-        else:
-            keys = [base]
-        for key in keys:
+        # Variants built with tracked input files (any header the fingerprint does not pin, any
+        # linker input), then the plain entry of a build that read none.
+        for key in store.variant_keys(base) + [base]:
             try:
                 manifest = store.read_manifest(key)
             except FileNotFoundError:
@@ -342,7 +336,7 @@ class StubCache:
                 return _Corrupt(key, f"manifest unreadable: {exc}")
             if manifest.key != key or manifest.base_key != base:
                 return _Corrupt(key, "manifest describes another key")
-            if spec.tracks_headers and not headers_match(manifest.headers):
+            if manifest.headers and not still_valid(manifest.headers, manifest.inputs):
                 continue
             entry = Entry(key, os.path.join(store.entry_dir(key), manifest.library), manifest, seed=seed,
                           root=store.root)
@@ -409,11 +403,12 @@ class StubCache:
             key=key, base_key=base, name=spec.name, module_name=result.module_name,
             library=os.path.basename(result.library), sha256=sha, size=size,
             preimage=preimage(spec.canonical(), self._fingerprint(spec)), headers=result.headers,
+            inputs=result.inputs,
             build_method=result.method, build_seconds=round(result.seconds, 6), build_log=result.log,
             created=time.time(), stubcache_version=__version__,
         )
 
-    def _build_and_publish(self, spec: StubSpec, base: str) -> Entry:
+    def _build_and_publish(self, spec: StubSpec, base: str, retry: bool = True) -> Entry:
         from .builder import build
 
         staging = self.store.new_staging(base)
@@ -430,6 +425,16 @@ class StubCache:
                 self._event("fail", base, name=spec.name)
                 raise
             _faults.point("after_build")
+            if result.unstable:
+                # An input changed while the compiler ran: the library may hold either version,
+                # so it is published under no key. Once more, then privately.
+                self._event("unstable_inputs", base, name=spec.name, files=len(result.unstable))
+                _log.warning("stubcache: %s changed during the build of %r; not publishing it",
+                             ", ".join(result.unstable[:3]), spec.name)
+                if retry:
+                    self.store.rmtree(staging)
+                    return self._build_and_publish(spec, base, retry=False)
+                return self._private_build(spec, base, reason="inputs changed during the build")
             staged_entry = os.path.join(staging, "entry")
             os.mkdir(staged_entry, 0o700)
             lib = os.path.join(staged_entry, os.path.basename(result.library))

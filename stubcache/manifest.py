@@ -18,7 +18,11 @@ class Manifest:
         library: file name of the library inside the entry directory.
         sha256, size: checksum and size of the library.
         preimage: ``{"spec": ..., "fingerprint": ...}``, the readable key inputs.
-        headers: user headers the build used, ``{path: sha256}``.
+        headers: every tracked file the build read (headers from anywhere the fingerprint does
+            not pin, linker inputs), ``{path: sha256}``; part of the entry key.
+        inputs: how to re-check them cheaply: ``{"sigs": {path: stat signature},
+            "shadows": {dir: [dir signature, [paths]]}}`` (see :mod:`stubcache.inputs`); may be
+            absent (``None``) in entries written before it existed.
         build_method: ``"direct"`` or ``"load_inline"``; build_seconds; build_log.
         created: creation time (seconds since the epoch); stubcache_version.
     """
@@ -26,15 +30,17 @@ class Manifest:
     __slots__ = (
         "key", "base_key", "name", "module_name", "library", "sha256", "size", "preimage",
         "headers", "build_method", "build_seconds", "build_log", "created", "stubcache_version",
+        "inputs",
     )
+    _OPTIONAL = ("inputs",)
 
     def __init__(self, **fields: Any) -> None:
-        missing = [f for f in self.__slots__ if f not in fields]
+        missing = [f for f in self.__slots__ if f not in fields and f not in self._OPTIONAL]
         extra = set(fields) - set(self.__slots__)
         if missing or extra:
             raise ValueError(f"manifest fields: missing {missing}, unknown {sorted(extra)}")
         for f in self.__slots__:
-            setattr(self, f, fields[f])
+            setattr(self, f, fields.get(f))
 
     def to_dict(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__slots__}
@@ -48,15 +54,18 @@ class Manifest:
         data = json.loads(text)
         if not isinstance(data, dict):
             raise ValueError("manifest is not a JSON object")
-        m = cls(**{f: data.get(f) for f in cls.__slots__}) if set(cls.__slots__) <= set(data) else None
+        required = set(cls.__slots__) - set(cls._OPTIONAL)
+        m = cls(**{f: data.get(f) for f in cls.__slots__}) if required <= set(data) else None
         if m is None:
-            raise ValueError(f"manifest lacks fields {sorted(set(cls.__slots__) - set(data))}")
+            raise ValueError(f"manifest lacks fields {sorted(required - set(data))}")
         if not isinstance(m.library, str) or "/" in m.library or m.library.startswith("."):
             raise ValueError(f"manifest names a bad library file {m.library!r}")
         if not isinstance(m.sha256, str) or not isinstance(m.size, int):
             raise ValueError("manifest checksum fields are malformed")
         if not isinstance(m.headers, dict):
             raise ValueError("manifest headers field is malformed")
+        if m.inputs is not None and not isinstance(m.inputs, dict):
+            raise ValueError("manifest inputs field is malformed")
         return m
 
     def __repr__(self) -> str:

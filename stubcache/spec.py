@@ -169,32 +169,49 @@ class StubSpec:
         no_implicit_headers: bool | None = None,
         builder: str | None = None,
     ) -> None:
-        self._canonical: dict | None = None
-        self._base_key: tuple | None = None
-        self._mentions: bool | None = None
-        self.name = validate_name(name)
-        self.cpp_sources = _str_list(cpp_sources, "cpp_sources")
-        self.cuda_sources = _str_list(cuda_sources, "cuda_sources")
-        self.functions = _functions(functions)
-        self.extra_cflags = _flag_list(extra_cflags, "extra_cflags")
-        self.extra_cuda_cflags = _flag_list(extra_cuda_cflags, "extra_cuda_cflags")
-        self.extra_ldflags = _flag_list(extra_ldflags, "extra_ldflags")
-        self.extra_include_paths = tuple(
-            os.path.abspath(p) for p in _flag_list(extra_include_paths, "extra_include_paths")
-        )
-        self.with_cuda = _optional_bool(with_cuda, "with_cuda")
-        self.is_python_module = _bool(is_python_module, "is_python_module")
-        self.with_pytorch_error_handling = _bool(with_pytorch_error_handling, "with_pytorch_error_handling")
-        self.no_implicit_headers = _optional_bool(no_implicit_headers, "no_implicit_headers")
+        _set = object.__setattr__  # immutable: every field is set once, here (see __setattr__)
+        _set(self, "_canonical", None)
+        _set(self, "_base_key", None)
+        _set(self, "_mentions", None)
+        _set(self, "name", validate_name(name))
+        _set(self, "cpp_sources", _str_list(cpp_sources, "cpp_sources"))
+        _set(self, "cuda_sources", _str_list(cuda_sources, "cuda_sources"))
+        _set(self, "functions", _functions(functions))
+        _set(self, "extra_cflags", _flag_list(extra_cflags, "extra_cflags"))
+        _set(self, "extra_cuda_cflags", _flag_list(extra_cuda_cflags, "extra_cuda_cflags"))
+        _set(self, "extra_ldflags", _flag_list(extra_ldflags, "extra_ldflags"))
+        _set(self, "extra_include_paths", tuple(
+            os.path.abspath(p) for p in _flag_list(extra_include_paths, "extra_include_paths")))
+        _set(self, "with_cuda", _optional_bool(with_cuda, "with_cuda"))
+        _set(self, "is_python_module", _bool(is_python_module, "is_python_module"))
+        _set(self, "with_pytorch_error_handling",
+             _bool(with_pytorch_error_handling, "with_pytorch_error_handling"))
+        _set(self, "no_implicit_headers", _optional_bool(no_implicit_headers, "no_implicit_headers"))
         if builder not in (None, "direct", "load_inline"):
             raise ValueError(f"builder must be None, 'direct' or 'load_inline', got {builder!r}")
-        self.builder = builder
+        _set(self, "builder", builder)
         if builder == "direct" and not self._direct_ok():
             raise ValueError(f"stub {name!r} cannot take the direct build path: it needs torch headers, "
                              "a Python module or CUDA")
         if not self.cpp_sources and not self.cuda_sources:
             raise ValueError("a stub needs at least one of cpp_sources or cuda_sources")
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # A spec memoises its canonical form and key: a field changed after use would keep the
+        # old key and serve the old library. Only the private memo slots may be (re)set.
+        if name in ("_base_key", "_canonical", "_mentions"):
+            object.__setattr__(self, name, value)
+            return
+        raise AttributeError(f"StubSpec is immutable: cannot set {name!r}; build a new StubSpec instead")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"StubSpec is immutable: cannot delete {name!r}")
+
+    def replace(self, **changes: Any) -> "StubSpec":
+        """A new spec equal to this one except for ``changes`` (fields as in :meth:`to_json`)."""
+        data = self.to_json()
+        data.update(changes)
+        return StubSpec.from_json(data)
 
     # --- derived properties (pure) ---------------------------------------------------------
 
@@ -238,7 +255,8 @@ class StubSpec:
     def tracks_headers(self) -> bool:
         """True when user include directories exist, so used headers are part of the key."""
         return bool(self.extra_include_paths) or any(
-            f.startswith(("-I", "-isystem", "-iquote", "-include")) for f in self.extra_cflags
+            f.startswith(("-I", "-isystem", "-iquote", "-idirafter", "-include", "-imacros"))
+            for f in self.extra_cflags
         )
 
     def canonical(self) -> dict:

@@ -1,0 +1,125 @@
+"""Build-time side of input tracking: the flags that make compiler and linker report what they
+read, and turning those reports into a :class:`~stubcache.inputs.Tracked` record.
+
+Kept out of ``builder.py`` so that the two build paths only add a few flags and one call.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+
+from . import inputs
+from .fingerprint import torch_dir
+from .spec import StubSpec
+
+DEPFILE = inputs.DEPFILE
+LINK_DEPFILE = inputs.LINK_DEPFILE
+_ld_depfile_ok: dict[str, bool] = {}
+
+
+def compiler_command() -> list[str]:
+    """``CXX`` as words (``CXX="ccache g++"`` is a wrapper and a compiler), default ``c++``."""
+    words = shlex.split(os.environ.get("CXX", "c++") or "c++")
+    return words or ["c++"]
+
+
+def prefix_map_flags(build_dir: str) -> list[str]:
+    """Map the random staging directory to ``.`` in file names, debug info and macros."""
+    return [f"-ffile-prefix-map={os.path.realpath(build_dir)}=.", f"-ffile-prefix-map={build_dir}=."]
+
+
+def compile_dep_flags() -> list[str]:
+    """A full dependency list next to torch's ``-MMD`` one (``-MMD`` omits system headers).
+
+    ``-Wp,-MD`` takes over cc1's dependency output, so ninja's own depfile is not written; the
+    build directory is thrown away after one build, so ninja never needs it.
+    """
+    return [f"-Wp,-MD,{DEPFILE}"]
+
+
+def linker_writes_depfile() -> bool:
+    """Whether the linker the compiler driver runs accepts ``--dependency-file`` (binutils
+    ≥ 2.35, lld); probed once per process and compiler."""
+    cmd = compiler_command()
+    key = " ".join(cmd)
+    ok = _ld_depfile_ok.get(key)
+    if ok is None:
+        ok = False
+        try:
+            ld = subprocess.run([*cmd, "-print-prog-name=ld"], stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, check=False, timeout=60).stdout.decode().strip()
+            out = subprocess.run([ld or "ld", "--help"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                 check=False, timeout=60).stdout
+            ok = b"--dependency-file" in out
+        except (OSError, subprocess.SubprocessError):
+            ok = False
+        _ld_depfile_ok[key] = ok
+    return ok
+
+
+def extra_link_flags() -> list[str]:
+    """Linker flags that make it list its inputs: ``--dependency-file``, else ``--trace``."""
+    if linker_writes_depfile():
+        return [f"-Wl,--dependency-file={LINK_DEPFILE}"]
+    return ["-Wl,--trace"]
+
+
+def trace_deps(output: str) -> list[str]:
+    """Files named by ``ld --trace`` in a build's output (lines that are existing paths)."""
+    out = []
+    for line in output.splitlines():
+        line = line.strip()
+        if line.startswith("(") and line.endswith(")"):  # archive members: "(lib.a)member.o"
+            line = line[1:line.index(")")]
+        if line.startswith("/") and os.path.isfile(line):
+            out.append(line)
+    return out
+
+
+def read_deps(build_dir: str) -> list[str]:
+    """Files named in this build's compiler and linker dependency outputs."""
+    return (inputs.parse_depfile(os.path.join(build_dir, DEPFILE))
+            + inputs.parse_depfile(os.path.join(build_dir, LINK_DEPFILE)))
+
+
+def _ninja_unescape(text: str) -> str:
+    return text.replace("$ ", " ").replace("$:", ":").replace("$$", "$")
+
+
+def _compile_flags(spec: StubSpec, build_dir: str) -> list[str]:
+    """The flags the compile step used, read back from torch's ``build.ninja`` when there is one."""
+    flags: list[str] = []
+    try:
+        with open(os.path.join(build_dir, "build.ninja"), encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith(("cflags =", "post_cflags =")):
+                    flags += shlex.split(_ninja_unescape(line.split("=", 1)[1].strip()))
+    except OSError:
+        import sysconfig
+
+        flags = [f"-I{p}" for p in spec.extra_include_paths]
+        tdir = torch_dir()
+        if tdir:
+            flags += ["-isystem", os.path.join(tdir, "include"),
+                      "-isystem", os.path.join(tdir, "include", "torch", "csrc", "api", "include")]
+        flags += ["-isystem", sysconfig.get_path("include", scheme="posix_prefix"), "-std=c++20",
+                  *spec.extra_cflags]
+    return [f for f in flags if not f.startswith(("-Wp,-M", "-M"))]
+
+
+def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: int) -> inputs.Tracked:
+    """Hash what the build read (see :mod:`stubcache.inputs`)."""
+    if not deps:
+        return inputs.Tracked({}, {}, [])
+    import sysconfig
+
+    cmd = compiler_command()
+    try:
+        search = inputs.search_path([*cmd, *_compile_flags(spec, build_dir)], cwd=build_dir)
+    except (OSError, subprocess.SubprocessError):
+        search = None
+    pinned = inputs.pinned_prefixes(cmd, search or inputs.SearchPath([], []), torch_dir(),
+                                    sysconfig.get_path("include", scheme="posix_prefix"))
+    return inputs.track(deps, build_dir, pinned, search, started_ns)

@@ -1,0 +1,304 @@
+"""Files a build read besides its spec (headers, linker inputs), tracked by content.
+
+A build records every file the compiler and the linker read, from their own dependency output
+(``-Wp,-MD`` lists "system" headers too, which ``-MMD`` leaves out; ``-Wl,--dependency-file``
+lists objects, archives, linker scripts and shared libraries). Files under a directory whose
+contents the fingerprint already pins are not tracked: torch's include and library directories
+(torch version), Python's include directory (Python version) and the compiler's own directories
+and C++ standard library headers (compiler identity). Everything else is hashed into the entry
+key, ``/usr/include`` included.
+
+On lookup (:func:`still_valid`) each tracked file is checked by a ``stat``: its hash is trusted
+while its stat signature (device, inode, size, mtime, ctime) is the one recorded, and re-hashed
+otherwise. For every tracked header, the directories searched *before* the one it was found in
+are checked too: a file with its name appearing there would shadow it. Those checks are grouped
+by directory: one ``stat`` of a directory whose mtime did not change proves that no name
+appeared in it.
+
+Nothing here imports more than ``os``; the build-time helpers start the compiler.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from typing import Iterable
+
+from .store import file_sha256
+
+# A file whose ctime is this close to (or after) the start of the build may have been written
+# while the compiler read it: such a build is never published. The kernel stamps files from a
+# coarse clock that lags time.time() by up to a jiffy.
+CLOCK_SLACK_NS = 20_000_000
+
+DEPFILE = "stubcache.deps"  # relative to the build directory, so no staging path leaks
+LINK_DEPFILE = "stubcache.link.deps"
+
+# path -> (signature, sha256) for files this process has hashed: a repeated check is a stat.
+_hashes: dict[str, tuple[list, str]] = {}
+
+
+def signature(st: os.stat_result) -> list:
+    """What must stay equal for a recorded hash to be trusted without reading the file."""
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _dir_sig(path: str) -> list | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino, st.st_mtime_ns]
+
+
+def _recordable(sig: list | None) -> list | None:
+    """A signature stamped within the clock's slack of now could be reused by a write that
+    follows at once; record none (the lookup then checks the slow way)."""
+    if sig is None or sig[-1] >= time.time_ns() - CLOCK_SLACK_NS:
+        return None
+    return sig
+
+
+# --- lookup (hit path) ------------------------------------------------------------------------
+
+
+def still_valid(files: dict, inputs: dict | None) -> bool:
+    """True if every tracked file has its recorded content and no shadowing file appeared.
+
+    ``files`` is ``{path: sha256}`` (the manifest's ``headers``); ``inputs`` the manifest's
+    ``inputs`` record (signatures and shadow candidates), or None for an older entry. A
+    malformed record is a mismatch (the entry is rebuilt), never an exception.
+    """
+    try:
+        return _still_valid(files, inputs)
+    except (TypeError, ValueError, AttributeError):
+        return False
+
+
+def _still_valid(files: dict, inputs: dict | None) -> bool:
+    sigs = (inputs or {}).get("sigs") or {}
+    for path, digest in files.items():
+        try:
+            st = os.stat(path)
+        except OSError:
+            return False
+        sig = signature(st)
+        if sigs.get(path) == sig:
+            continue
+        memo = _hashes.get(path)
+        if memo is not None and memo[0] == sig:
+            if memo[1] != digest:
+                return False
+            continue
+        try:
+            actual = file_sha256(path)
+        except OSError:
+            return False
+        if _stable(path, sig):
+            _hashes[path] = (sig, actual)
+        if actual != digest:
+            return False
+    for directory, (dsig, candidates) in ((inputs or {}).get("shadows") or {}).items():
+        if _dir_sig(directory) == dsig:
+            continue
+        for cand in candidates:
+            if os.path.lexists(cand):
+                return False
+    return True
+
+
+def _stable(path: str, sig: list) -> bool:
+    """A hash may be memoised only if the file is not being written right now."""
+    try:
+        return signature(os.stat(path)) == sig and sig[4] < time.time_ns() - CLOCK_SLACK_NS
+    except OSError:
+        return False
+
+
+# --- build time -------------------------------------------------------------------------------
+
+
+class SearchPath:
+    """The compiler's include search order for one command line, as it reports it (``-v``)."""
+
+    __slots__ = ("dirs", "missing")
+
+    def __init__(self, dirs: list[str], missing: list[str]) -> None:
+        self.dirs = dirs  # quote-only dirs, then the <...> dirs, in search order
+        self.missing = missing  # dirs the compiler ignored as nonexistent (they may appear later)
+
+
+def search_path(cmd: list[str], cwd: str | None = None) -> SearchPath:
+    """Ask the compiler ``cmd`` (with all include-affecting flags) for its search order."""
+    proc = subprocess.run([*cmd, "-x", "c++", "-E", "-v", os.devnull, "-o", os.devnull],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd, check=False,
+                          timeout=120)
+    text = proc.stdout.decode("utf-8", "replace")
+    dirs: list[str] = []
+    missing: list[str] = []
+    inside = False
+    for line in text.splitlines():
+        if line.startswith("ignoring nonexistent directory"):
+            missing.append(os.path.normpath(line.split('"')[1]) if '"' in line else line.split()[-1])
+        elif line.startswith("#include ") and "search starts here" in line:
+            inside = True
+        elif line.startswith("End of search list"):
+            inside = False
+        elif inside and line.startswith(" "):
+            d = line.strip()
+            if d.endswith(" (framework directory)"):
+                continue
+            dirs.append(os.path.normpath(d))
+    return SearchPath(dirs, missing)
+
+
+def compiler_dirs(cmd: list[str]) -> list[str]:
+    """The compiler's own directory (gcc's ``lib/gcc/<target>/<version>``, clang's resource dir)."""
+    out: list[str] = []
+    for probe in ("-print-file-name=include", "-print-libgcc-file-name"):
+        try:
+            p = subprocess.run([*cmd, probe], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                               check=False, timeout=60).stdout.decode("utf-8", "replace").strip()
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if os.path.isabs(p) and os.path.exists(p):
+            d = os.path.dirname(os.path.realpath(p))
+            if probe.endswith("libgcc-file-name") and "/clang/" in d:
+                d = os.path.dirname(os.path.dirname(d))  # <resource>/lib/linux -> <resource>
+            out.append(d)
+    return out
+
+
+def pinned_prefixes(cmd: list[str], search: SearchPath, torch_dir: str | None, python_include: str | None
+                    ) -> list[str]:
+    """Resolved directories whose contents the fingerprint pins (see the module docstring)."""
+    roots = list(compiler_dirs(cmd))
+    if torch_dir:
+        roots += [os.path.join(torch_dir, "include"), os.path.join(torch_dir, "lib")]
+    if python_include:
+        roots.append(python_include)
+    # The C++ standard library's headers (libstdc++'s /usr/include/c++/<v>, libc++'s
+    # include/c++/v1) come with the compiler and change with its version.
+    roots += [d for d in search.dirs if "/c++/" in d + "/"]
+    out = []
+    for r in roots:
+        real = os.path.realpath(r).rstrip("/") + "/"
+        if real not in out:
+            out.append(real)
+    return out
+
+
+def parse_depfile(path: str) -> list[str]:
+    """The prerequisites named in a make-style dependency file (escaped spaces handled)."""
+    try:
+        with open(path, encoding="utf-8", errors="surrogateescape") as fh:
+            text = fh.read()
+    except OSError:
+        return []
+    text = text.replace("\\\n", " ")
+    out: list[str] = []
+    for line in text.splitlines():
+        if ":" not in line:
+            continue
+        _, rest = line.split(":", 1)
+        token = ""
+        i = 0
+        while i < len(rest):
+            c = rest[i]
+            if c == "\\" and i + 1 < len(rest) and rest[i + 1] in " #":
+                token += rest[i + 1]
+                i += 2
+                continue
+            if c.isspace():
+                if token:
+                    out.append(token)
+                token = ""
+            else:
+                token += c
+            i += 1
+        if token:
+            out.append(token)
+    return out
+
+
+class Tracked:
+    """What :func:`track` found: ``files`` ``{path: sha256}`` for the key, ``record`` for the
+    manifest's ``inputs`` field, and ``unstable``: files written while the build ran."""
+
+    __slots__ = ("files", "record", "unstable")
+
+    def __init__(self, files: dict, record: dict, unstable: list[str]) -> None:
+        self.files = files
+        self.record = record
+        self.unstable = unstable
+
+
+def track(deps: Iterable[str], build_dir: str, pinned: list[str], search: SearchPath | None,
+          started_ns: int) -> Tracked:
+    """Hash every dependency that is neither the build's own file nor pinned; record the shadow
+    candidates of each tracked header; flag files changed since ``started_ns`` (the compile's
+    start): their content may not be what the compiler read."""
+    skip = os.path.realpath(build_dir).rstrip("/") + "/"
+    files: dict[str, str] = {}
+    sigs: dict[str, list] = {}
+    unstable: list[str] = []
+    headers: list[str] = []
+    for dep in deps:
+        path = os.path.normpath(os.path.join(build_dir, dep))
+        if path in files:
+            continue
+        real = os.path.realpath(path)
+        if real.startswith(skip) or any(real.startswith(p) for p in pinned):
+            continue
+        try:
+            st0 = os.stat(path)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            unstable.append(path)  # read by the build, gone now
+            continue
+        try:
+            digest = file_sha256(fd)
+            st1 = os.fstat(fd)
+        finally:
+            os.close(fd)
+        sig = signature(st1)
+        if signature(st0) != sig or st1.st_ctime_ns >= started_ns - CLOCK_SLACK_NS:
+            unstable.append(path)
+        files[path] = digest
+        if _recordable(sig) is not None:
+            sigs[path] = sig
+        if not path.endswith((".o", ".a", ".so")) and ".so." not in os.path.basename(path):
+            headers.append(path)
+    record: dict = {"sigs": sigs}
+    if search is not None:
+        record["shadows"] = shadow_candidates(headers, search)
+    return Tracked(files, record, unstable)
+
+
+def shadow_candidates(headers: list[str], search: SearchPath) -> dict:
+    """``{directory: [dir signature, [candidate paths]]}``: for each header found under search
+    directory D as ``rel``, the paths ``E/rel`` for every directory E searched before D (and every
+    directory the compiler skipped as missing) that do not exist now. Each candidate is filed
+    under its deepest existing ancestor, whose mtime changes when a name appears in it."""
+    dirs = search.dirs
+    out: dict[str, list] = {}
+    for header in headers:
+        cands: set[str] = set()
+        for k, d in enumerate(dirs):
+            if not header.startswith(d.rstrip("/") + "/"):
+                continue
+            rel = header[len(d.rstrip("/")) + 1:]
+            for e in dirs[:k] + search.missing:
+                cands.add(os.path.join(e, rel))
+        for c in sorted(cands):
+            if os.path.lexists(c):
+                continue  # present and not chosen (#include_next, or another spelling)
+            anc = os.path.dirname(c)
+            while not os.path.isdir(anc) and anc not in ("/", ""):
+                anc = os.path.dirname(anc)
+            slot = out.get(anc)
+            if slot is None:
+                slot = out[anc] = [_recordable(_dir_sig(anc)), []]
+            slot[1].append(c)
+    return out
