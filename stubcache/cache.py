@@ -198,6 +198,8 @@ class StubCache:
         fp = fingerprint.base_fingerprint(state)
         if spec.cuda_sources or spec.effective_with_cuda:
             fp = dict(fp, cuda=fingerprint.cuda_fingerprint(state))
+        if spec.host_targets:
+            fp = dict(fp, native=fingerprint.native_target(spec.host_targets, state))
         return fp
 
     def _policy(self, store: Store) -> TrustPolicy:

@@ -21,16 +21,27 @@ from typing import Any
 
 FORMAT_VERSION = 1
 
-# Environment variables that torch's cpp_extension or the compiler driver read when forming or
-# running build commands. MAX_JOBS only changes parallelism, so it is not here.
+# Environment variables that torch's cpp_extension, the compiler drivers (gcc, clang, nvcc) or
+# the linker read when forming or running build commands and that can change the output; the
+# table in docs/cache.md says what each one does. MAX_JOBS, TMPDIR and the diagnostics-only
+# variables are not here: they do not change the library.
 KEY_ENV_VARS = (
     "CXX", "CC", "CUDA_HOME", "CUDA_PATH", "CUDA_INC_PATH", "CUDNN_HOME", "CUDNN_PATH",
     "ROCM_HOME", "ROCM_PATH", "HIP_HOME", "PYTORCH_ROCM_ARCH", "TORCH_CUDA_ARCH_LIST",
-    "TORCH_XPU_ARCH_LIST", "PYTORCH_NVCC", "NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS",
+    "TORCH_XPU_ARCH_LIST", "PYTORCH_NVCC", "NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS", "NVCC_CCBIN",
     "TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES", "TORCH_NO_COMPILER_WRAPPER",
     "CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "LIBRARY_PATH", "GCC_EXEC_PREFIX",
-    "COMPILER_PATH",
+    "COMPILER_PATH", "SOURCE_DATE_EPOCH", "CCC_OVERRIDE_OPTIONS", "LD_RUN_PATH", "GNUTARGET",
+    "LDEMULATION", "LC_ALL", "LC_CTYPE", "LANG",
 )
+# gcc takes the source character set from the locale; the usual UTF-8 and C locales all read
+# sources the same way, so only other values split the key.
+_LOCALE_VARS = ("LC_ALL", "LC_CTYPE", "LANG")
+
+
+def _neutral_locale(value: str) -> bool:
+    v = value.lower().replace("-", "")
+    return v in ("", "c", "posix") or v.endswith((".utf8", ".utf8@euro"))
 
 _lock = threading.Lock()
 # (environment snapshot, fingerprint computed from exactly that snapshot), replaced as one
@@ -52,9 +63,13 @@ def _env_from_snapshot(snap: tuple) -> dict[str, str]:
     out = {}
     for name, raw in zip(KEY_ENV_VARS, snap):
         if raw is not None:
-            out[name] = os.environ.decodevalue(raw) if _ENV_DATA is not None else raw
+            value = os.environ.decodevalue(raw) if _ENV_DATA is not None else raw
+            if name in _LOCALE_VARS and _neutral_locale(value):
+                continue
+            out[name] = value
     return out
 _compilers: dict[str, dict[str, Any]] = {}
+_natives: dict[tuple, dict[str, Any]] = {}
 _torch_dir: str | None = None
 
 
@@ -178,7 +193,7 @@ def _flock_within(fd: int, seconds: float) -> bool:
             delay = min(delay * 2, 0.05)
 
 
-def _memo(state_dir: str | None, memo_key: str, compute) -> dict:
+def _memo(state_dir: str | None, memo_key: str, compute, valid=None) -> dict:
     """A tiny on-disk memo for expensive, deterministic toolchain facts.
 
     On a miss, one process computes under a ``flock`` on ``<memo>.lock`` while the others wait
@@ -189,7 +204,7 @@ def _memo(state_dir: str | None, memo_key: str, compute) -> dict:
     if path is None:
         return compute()
     value = _read_memo(path, memo_key)
-    if value is not None:
+    if value is not None and (valid is None or valid(value)):
         return value
     if _read_only:
         return compute()
@@ -207,7 +222,7 @@ def _memo(state_dir: str | None, memo_key: str, compute) -> dict:
     try:
         if lock_fd >= 0 and _flock_within(lock_fd, MEMO_LOCK_WAIT):
             value = _read_memo(path, memo_key)
-            if value is not None:
+            if value is not None and (valid is None or valid(value)):
                 return value
         value = compute()
         _write_json(path, {"memo_key": memo_key, "value": value})
@@ -229,35 +244,148 @@ def which(command: str) -> str | None:
 
 
 def compiler_identity(command: str, state_dir: str | None) -> dict[str, Any]:
-    """Resolved path and ``--version`` output of ``command`` (``CXX``), memoised on disk."""
+    """Who compiles when ``command`` (``CXX``) runs, memoised on disk.
+
+    ``path``/``version``: the command as found on ``PATH`` (resolved) and its ``--version``.
+    ``real``: the compiler proper and the assembler and linker that the driver runs, found by
+    asking the driver itself (``-###``, ``-print-prog-name``) through any wrapper: a ccache or
+    sccache masquerade directory, ``CXX="ccache g++"``, or a script. Each is named by resolved
+    path, version line and SHA-256, so switching the compiler behind a wrapper changes the key.
+    """
     with _lock:
         cached = _compilers.get(command)
     if cached is not None:
         return cached
-    found = which(command)
+    import shlex
+
+    try:
+        words = shlex.split(command) or [command]
+    except ValueError:
+        words = [command]
+    found = which(words[0])
     if found is None:
         ident: dict[str, Any] = {"command": command, "path": None, "version": None}
     else:
         path = os.path.realpath(found)
         st = os.stat(path)
-        memo_key = f"cc:{path}:{st.st_size}:{st.st_mtime_ns}"
+        # A wrapper finds the real compiler on PATH, so PATH is part of what this memo means.
+        memo_key = f"cc2:{command}:{found}:{path}:{st.st_size}:{st.st_mtime_ns}:{os.environ.get('PATH', '')}"
 
         def compute() -> dict:
-            import subprocess
+            return _probe_compiler([found, *words[1:]])
 
-            try:
-                out = subprocess.run(
-                    [path, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                    timeout=60, check=False,
-                ).stdout.decode("utf-8", "replace")
-            except (OSError, subprocess.SubprocessError) as exc:  # noqa: F821
-                out = f"<failed: {exc}>"
-            return {"version": out.strip()}
-
-        ident = {"command": command, "path": path, "version": _memo(state_dir, memo_key, compute)["version"]}
+        value = _memo(state_dir, memo_key, compute, valid=_real_tools_unchanged)
+        ident = {"command": command, "path": path, "version": value["version"], "real": value.get("real")}
     with _lock:
         _compilers[command] = ident
     return ident
+
+
+def _run_text(cmd: list[str]) -> str:
+    import subprocess
+
+    try:
+        return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60,
+                              check=False).stdout.decode("utf-8", "replace")
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"<failed: {exc}>"
+
+
+def _file_sha256(path: str) -> str | None:
+    try:
+        h = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        return h.hexdigest()
+    except OSError:
+        return None
+
+
+def _tool(path: str | None, version_arg: str | None = "--version") -> dict | None:
+    if not path:
+        return None
+    if os.sep not in path:
+        path = which(path)
+        if path is None:
+            return None
+    real = os.path.realpath(path)
+    out = {"path": real, "sha256": _file_sha256(real)}
+    if version_arg:
+        lines = _run_text([real, version_arg]).strip().splitlines()
+        out["version"] = lines[0] if lines else ""
+    return out
+
+
+def _probe_compiler(cmd: list[str]) -> dict:
+    """Run the driver (through whatever wraps it) to learn which programs it really runs."""
+    version = _run_text([*cmd, "--version"]).strip()
+    trace = _run_text([*cmd, "-###", "-x", "c++", "-c", os.devnull, "-o", os.devnull])
+    real: dict[str, Any] = {}
+    import shlex
+
+    for line in trace.splitlines():
+        if line.startswith(" ") and "-###" not in line:
+            try:
+                first = shlex.split(line)[0]
+            except (ValueError, IndexError):
+                continue
+            if os.path.isabs(first):
+                real["cc1"] = _tool(first, None)  # cc1plus has no useful --version of its own
+                break
+    for line in trace.splitlines():
+        if " version " in line and not line.startswith(" "):
+            real["driver_version"] = line.strip()
+            break
+    for prog in ("as", "ld"):
+        name = _run_text([*cmd, f"-print-prog-name={prog}"]).strip()
+        real[prog] = _tool(name) if name and not name.startswith("<failed") else None
+    validators = []
+    for tool in real.values():
+        if isinstance(tool, dict) and tool.get("path"):
+            validators.append([tool["path"], _sig(tool["path"])])
+    return {"version": version, "real": real, "validators": validators}
+
+
+def _real_tools_unchanged(value: dict) -> bool:
+    try:
+        return all(_sig(p) == sig for p, sig in value.get("validators", []))
+    except (TypeError, ValueError):
+        return False
+
+
+def native_target(flags: tuple, state_dir: str | None) -> dict[str, Any]:
+    """What ``-march=native``/``-mtune=native``/``-mcpu=native`` mean on this CPU: the compiler's
+    resolved target options (``-Q --help=target``), memoised per compiler, flags and boot."""
+    native = tuple(f for f in flags if f.endswith("=native"))
+    cxx = os.environ.get("CXX", "c++")
+    with _lock:
+        cached = _natives.get((cxx, native))
+    if cached is not None:
+        return cached
+    ident = compiler_identity(cxx, state_dir)
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            boot = fh.read().strip()
+    except OSError:
+        boot = str(os.getpid())  # no boot id: memoise for this process only
+    memo_key = f"native:{ident.get('path')}:{ident.get('version')}:{native}:{boot}"
+
+    def compute() -> dict:
+        import shlex
+
+        words = shlex.split(cxx) or [cxx]
+        out = _run_text([*words, *native, "-Q", "--help=target"])
+        resolved = sorted({ln.split()[0].rstrip("=") + "=" + ln.split()[-1] for ln in out.splitlines()
+                           if ln.strip().startswith("-m") and len(ln.split()) >= 2})
+        march = [r for r in resolved if r.startswith(("-march=", "-mtune=", "-mcpu="))]
+        return {"flags": list(native), "target": march,
+                "options_sha256": hashlib.sha256("\n".join(resolved).encode()).hexdigest()}
+
+    value = _memo(state_dir, memo_key, compute)
+    with _lock:
+        _natives[(cxx, native)] = value
+    return value
 
 
 def _libc() -> str:
@@ -321,6 +449,7 @@ def _validators(fp: dict, env: dict) -> list:
     if tdir:
         paths += [os.path.join(tdir, "version.py"), os.path.join(tdir, "lib", "libc10.so")]
     command = env.get("CXX", "c++")
+    command = command.split()[0] if command.split() else command
     found = which(command)
     if found and os.sep not in command:
         for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
@@ -329,6 +458,9 @@ def _validators(fp: dict, env: dict) -> list:
                 break
     if found:
         paths += [found, fp["cxx"]["path"] or found]
+    for tool in (fp["cxx"].get("real") or {}).values():
+        if isinstance(tool, dict) and tool.get("path"):
+            paths.append(tool["path"])  # the compiler behind a wrapper, its assembler and linker
     return [[p, _sig(p)] for p in paths]
 
 
@@ -378,7 +510,56 @@ def cuda_fingerprint(state_dir: str | None) -> dict[str, Any]:
             nvcc = os.path.join(home, "bin", "nvcc")
         else:
             nvcc = which("nvcc") or "/usr/local/cuda/bin/nvcc"
-    return {"nvcc": compiler_identity(nvcc, state_dir)}
+    fp: dict[str, Any] = {"nvcc": compiler_identity(nvcc, state_dir)}
+    if not os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        # torch then compiles for the visible GPUs' architectures: two GPU models must not
+        # share a binary.
+        fp["visible_archs"] = visible_cuda_archs(state_dir)
+    return fp
+
+
+def visible_cuda_archs(state_dir: str | None) -> list[str] | None:
+    """Compute capabilities (``"9.0"``) of the GPUs this process sees, as torch's
+    ``_get_cuda_arch_flags`` would list them; memoised per boot, GPU set and
+    ``CUDA_VISIBLE_DEVICES`` (asking the driver costs a ``cuInit``)."""
+    try:
+        gpus = sorted(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        gpus = []
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            boot = fh.read().strip()
+    except OSError:
+        boot = str(os.getpid())
+    memo_key = f"cudaarch:{boot}:{gpus}:{os.environ.get('CUDA_VISIBLE_DEVICES')}"
+
+    def compute() -> dict:
+        return {"archs": _query_cuda_archs()}
+
+    return _memo(state_dir, memo_key, compute).get("archs")
+
+
+def _query_cuda_archs() -> list[str] | None:
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    count = ctypes.c_int(0)
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return None
+    out = set()
+    for i in range(count.value):
+        dev, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+        if cuda.cuDeviceGet(ctypes.byref(dev), i) != 0:
+            return None
+        # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75, _MINOR = 76
+        if (cuda.cuDeviceGetAttribute(ctypes.byref(major), 75, dev) != 0
+                or cuda.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev) != 0):
+            return None
+        out.add(f"{major.value}.{minor.value}")
+    return sorted(out)
 
 
 def reset_for_tests() -> None:
@@ -388,3 +569,4 @@ def reset_for_tests() -> None:
         _state = None
         _torch_dir = None
         _compilers.clear()
+        _natives.clear()

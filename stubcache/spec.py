@@ -252,6 +252,12 @@ class StubSpec:
         )
 
     @property
+    def host_targets(self) -> tuple[str, ...]:
+        """Flags whose meaning depends on this machine's CPU (``-march=native`` and friends)."""
+        return tuple(f for f in self.extra_cflags + self.extra_cuda_cflags
+                     if f.endswith("=native") and f.startswith(("-march=", "-mtune=", "-mcpu=", "-Xcompiler")))
+
+    @property
     def tracks_headers(self) -> bool:
         """True when user include directories exist, so used headers are part of the key."""
         return bool(self.extra_include_paths) or any(

@@ -122,7 +122,8 @@ def test_used_header_content_is_part_of_the_key(cache_root, cxx, tmp_path):
     v3, k3 = run_py(code, env=env).stdout.split()
     assert (v3, k3) == ("11", k1) and cxx.compiles() == 2
     manifest = StubCache().store.read_manifest(k1)
-    assert list(manifest.headers) == [str((inc / "val.h").resolve())]
+    # The user header is tracked by content (system headers and linker inputs are tracked too).
+    assert str(inc / "val.h") in manifest.headers
 
 
 def test_irrelevant_load_inline_arguments_share_one_build(cache_root, cxx, tmp_path):
