@@ -268,17 +268,44 @@ def compiler_identity(command: str, state_dir: str | None) -> dict[str, Any]:
     else:
         path = os.path.realpath(found)
         st = os.stat(path)
+        driver = wrapped_driver(words, found)
+        dsig = _sig(driver) if driver else None
         # A wrapper finds the real compiler on PATH, so PATH is part of what this memo means.
-        memo_key = f"cc2:{command}:{found}:{path}:{st.st_size}:{st.st_mtime_ns}:{os.environ.get('PATH', '')}"
+        memo_key = (f"cc2:{command}:{found}:{path}:{st.st_size}:{st.st_mtime_ns}:{os.environ.get('PATH', '')}:"
+                    f"{driver and os.path.realpath(driver)}:{dsig}")
 
         def compute() -> dict:
-            return _probe_compiler([found, *words[1:]])
+            value = _probe_compiler([found, *words[1:]])
+            if driver:
+                value["real"]["driver"] = _tool(driver)
+                value["validators"].append([value["real"]["driver"]["path"], _sig(driver)])
+            return value
 
         value = _memo(state_dir, memo_key, compute, valid=_real_tools_unchanged)
         ident = {"command": command, "path": path, "version": value["version"], "real": value.get("real")}
     with _lock:
         _compilers[command] = ident
     return ident
+
+
+WRAPPERS = ("ccache", "sccache", "buildcache")
+
+
+def wrapped_driver(words: list[str], found: str) -> str | None:
+    """The compiler a known wrapper will run, found the way the wrapper finds it: the next word
+    of ``CXX="ccache g++"``, or for a masquerade link (``/usr/lib/ccache/c++``) the first
+    program of that name on ``PATH`` that is not the wrapper itself."""
+    if os.path.basename(os.path.realpath(found)) not in WRAPPERS:
+        return None
+    if len(words) > 1:
+        return which(words[1])
+    name = os.path.basename(found)
+    for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        cand = os.path.join(d or ".", name)
+        if (os.path.isfile(cand) and os.access(cand, os.X_OK)
+                and os.path.basename(os.path.realpath(cand)) not in WRAPPERS):
+            return cand
+    return None
 
 
 def _run_text(cmd: list[str]) -> str:
@@ -448,16 +475,19 @@ def _validators(fp: dict, env: dict) -> list:
             break
     if tdir:
         paths += [os.path.join(tdir, "version.py"), os.path.join(tdir, "lib", "libc10.so")]
-    command = env.get("CXX", "c++")
-    command = command.split()[0] if command.split() else command
+    words = env.get("CXX", "c++").split() or ["c++"]
+    command = words[0]
     found = which(command)
-    if found and os.sep not in command:
+    driver = wrapped_driver(words, found) if found else None
+    if found and (os.sep not in command or driver):
         for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
             paths.append(d or ".")
-            if os.path.dirname(found) == (d or "."):
-                break
+            if os.path.dirname(found) == (d or ".") and not driver:
+                break  # behind a wrapper every PATH directory matters: it searches them all
     if found:
         paths += [found, fp["cxx"]["path"] or found]
+    if driver:
+        paths.append(driver)
     for tool in (fp["cxx"].get("real") or {}).values():
         if isinstance(tool, dict) and tool.get("path"):
             paths.append(tool["path"])  # the compiler behind a wrapper, its assembler and linker

@@ -1,0 +1,288 @@
+"""Key soundness (DESIGN invariant 10), one class of input at a time, with real compiles in
+fresh processes: build -> change the input -> a new process loads the new behaviour -> revert
+-> the old entry hits again (no compile)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from stubcache import StubCache, StubSpec
+
+from .conftest import run_py
+
+CHILD = """
+import json, os, stubcache
+kw = json.loads(os.environ["SPEC"])
+spec = stubcache.StubSpec(**kw)
+cache = stubcache.StubCache()
+e = cache.get_or_build(spec)
+print(cache.load_entry(e).value(), e.key, e.path)
+"""
+
+
+def child(spec_kw: dict, env: dict | None = None) -> tuple[int, str, str]:
+    import json
+
+    out = run_py(CHILD, env={"SPEC": json.dumps(spec_kw), **(env or {})}).stdout.split()
+    return int(out[0]), out[1], out[2]
+
+
+def value_src(include: str = "") -> str:
+    return f'{include}\nextern "C" int value(void) {{ return VAL; }}\n'
+
+
+def cycle(cxx, spec_kw: dict, change, revert, env=None, new_value: int = 2, old_value: int = 1) -> None:
+    """The whole protocol: build, change, new process sees it, revert, old entry hits."""
+    v1, k1, _ = child(spec_kw, env)
+    assert v1 == old_value
+    n = cxx.compiles()
+    change()
+    v2, k2, _ = child(spec_kw, env)
+    assert v2 == new_value, "a fresh process loaded the old library after the input changed"
+    assert k2 != k1 and cxx.compiles() == n + 1
+    revert()
+    v3, k3, _ = child(spec_kw, env)
+    assert (v3, k3) == (old_value, k1) and cxx.compiles() == n + 1, "reverting must hit the old entry"
+
+
+# --- class 8: a spec cannot change after use ---------------------------------------------------
+
+
+def test_spec_is_immutable(cache_root):
+    spec = StubSpec("imm", value_src("#define VAL 1"))
+    key = StubCache().key(spec)
+    with pytest.raises(AttributeError, match="immutable"):
+        spec.cpp_sources = (value_src("#define VAL 2"),)
+    with pytest.raises(AttributeError):
+        del spec.name
+    changed = spec.replace(cpp_sources=value_src("#define VAL 2"))
+    assert StubCache().key(spec) == key and StubCache().key(changed) != key
+
+
+# --- class 1: headers from anywhere the fingerprint does not pin --------------------------------
+
+
+@pytest.mark.parametrize("how", ["isystem", "idirafter", "include", "imacros", "cpath", "cplus_include_path",
+                                 "absolute", "usr_include"])
+def test_untracked_header_locations_are_tracked(cache_root, cxx, tmp_path, how):
+    d = tmp_path / "sys"
+    d.mkdir()
+    name = "soundness_val.h"
+    env = {}
+    if how == "usr_include":
+        d = Path("/usr/include")
+        name = f"stubcache_soundness_{os.getpid()}.h"
+        if not os.access(d, os.W_OK):
+            pytest.skip("needs a writable /usr/include (root)")
+    header = d / name
+    header.write_text("#define VAL 1\n")
+    try:
+        inc, flags = f"#include <{name}>", []
+        if how == "isystem":
+            flags = ["-isystem", str(d)]
+        elif how == "idirafter":
+            flags = ["-idirafter", str(d)]
+        elif how in ("include", "imacros"):
+            inc, flags = "", [f"-{how}", str(header)]
+        elif how == "cpath":
+            env = {"CPATH": str(d)}
+        elif how == "cplus_include_path":
+            env = {"CPLUS_INCLUDE_PATH": str(d)}
+        elif how == "absolute":
+            inc = f'#include "{header}"'
+        spec = {"name": f"sys_{how}", "cpp_sources": value_src(inc), "extra_cflags": flags}
+        cycle(cxx, spec, lambda: header.write_text("#define VAL 2\n"),
+              lambda: header.write_text("#define VAL 1\n"), env=env)
+    finally:
+        if how == "usr_include":
+            header.unlink()
+
+
+def test_pinned_headers_are_not_tracked(cache_root, cxx):
+    e = StubCache().get_or_build(StubSpec("pin", value_src("#include <vector>\n#define VAL 1")))
+    gcc_dir = subprocess.run([os.environ.get("CXX", "c++"), "-print-file-name=include"], capture_output=True,
+                             text=True).stdout.strip()
+    assert not any("/c++/" in p for p in e.manifest.headers), "libstdc++ headers come with the compiler"
+    headers = [p for p in e.manifest.headers if not p.endswith((".so", ".a", ".o"))]
+    assert not any(p.startswith(os.path.dirname(gcc_dir) + "/") for p in headers)
+
+
+# --- class 2: a new header that shadows a tracked one ------------------------------------------
+
+
+def test_new_header_earlier_on_the_search_path_misses(cache_root, cxx, tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    (second / "sub").mkdir(parents=True)
+    (second / "sub" / "val.h").write_text("#define VAL 1\n")
+    shadow = first / "sub" / "val.h"
+    spec = {"name": "shadow", "cpp_sources": value_src('#include "sub/val.h"'),
+            "extra_include_paths": [str(first), str(second)]}
+
+    def plant():
+        shadow.parent.mkdir()
+        shadow.write_text("#define VAL 2\n")
+
+    cycle(cxx, spec, plant, lambda: shutil.rmtree(shadow.parent))
+
+
+def test_new_header_shadowing_a_system_header_misses(cache_root, cxx, tmp_path):
+    """A header found by the compiler's default search (``/usr/include``) is shadowed by one in
+    a ``CPATH`` directory that was empty at build time."""
+    early = tmp_path / "early"
+    early.mkdir()
+    (tmp_path / "late").mkdir()
+    (tmp_path / "late" / "sval.h").write_text("#define VAL 1\n")
+    spec = {"name": "shadow_sys", "cpp_sources": value_src("#include <sval.h>"),
+            "extra_cflags": ["-idirafter", str(tmp_path / "late")]}
+    cycle(cxx, spec, lambda: (early / "sval.h").write_text("#define VAL 2\n"),
+          lambda: (early / "sval.h").unlink(), env={"CPATH": str(early)})
+
+
+# --- class 3: linker inputs --------------------------------------------------------------------
+
+
+def test_static_archive_named_by_dash_l_is_tracked(cache_root, cxx, tmp_path):
+    lib = tmp_path / "lib"
+    lib.mkdir()
+
+    def archive(n: int) -> None:
+        src = tmp_path / "dep.c"
+        src.write_text(f"int dep_value(void) {{ return {n}; }}\n")
+        obj = tmp_path / "dep.o"
+        subprocess.run(["cc", "-fPIC", "-c", str(src), "-o", str(obj)], check=True)
+        (lib / "libdep.a").unlink(missing_ok=True)
+        subprocess.run(["ar", "rcs", str(lib / "libdep.a"), str(obj)], check=True)
+
+    archive(1)
+    spec = {"name": "ldin", "cpp_sources": 'extern "C" int dep_value(void);\n'
+            'extern "C" int value(void) { return dep_value(); }\n',
+            "extra_ldflags": [f"-L{lib}", "-ldep"]}
+    cycle(cxx, spec, lambda: archive(2), lambda: archive(1))
+
+
+# --- class 4: environment the toolchain reads --------------------------------------------------
+
+
+def _runpath(path: str) -> str:
+    out = subprocess.run(["readelf", "-d", path], capture_output=True, text=True).stdout
+    return "\n".join(ln for ln in out.splitlines() if "RUNPATH" in ln or "RPATH" in ln)
+
+
+@pytest.mark.skipif(shutil.which("readelf") is None, reason="needs readelf")
+def test_ld_run_path_changes_the_key(cache_root, cxx, tmp_path):
+    spec = {"name": "runpath", "cpp_sources": value_src("#define VAL 1")}
+    _, k1, p1 = child(spec)
+    assert "/opt/stubcache-runpath" not in _runpath(p1)
+    _, k2, p2 = child(spec, env={"LD_RUN_PATH": "/opt/stubcache-runpath"})
+    assert k2 != k1 and "/opt/stubcache-runpath" in _runpath(p2)
+    n = cxx.compiles()
+    _, k3, _ = child(spec)
+    assert k3 == k1 and cxx.compiles() == n
+
+
+# --- class 5: the real compiler behind a wrapper ----------------------------------------------
+
+
+FAKE_CCACHE = """#!/bin/sh
+# Like ccache in a masquerade directory: run the next program of this name on PATH.
+me=$(basename "$0"); here=$(cd "$(dirname "$0")" && pwd)
+echo "$$ $*" | grep -q '\\.cpp' && echo "$$ $*" >> "{log}"
+IFS=:
+for d in $PATH; do
+  [ "$d" = "$here" ] && continue
+  if [ -x "$d/$me" ]; then exec "$d/$me" "$@"; fi
+done
+exit 127
+"""
+
+
+@pytest.mark.skipif(shutil.which("clang++") is None or shutil.which("g++") is None,
+                    reason="needs both g++ and clang++")
+def test_switching_the_compiler_behind_a_masquerade_dir_misses(cache_root, tmp_path, monkeypatch):
+    masq, real = tmp_path / "masq", tmp_path / "real"
+    masq.mkdir()
+    real.mkdir()
+    log = tmp_path / "compiles.log"
+    (masq / "ccache").write_text(FAKE_CCACHE.format(log=log))
+    (masq / "ccache").chmod(0o755)
+    (masq / "c++").symlink_to(masq / "ccache")
+    (real / "c++").symlink_to(shutil.which("g++"))
+    monkeypatch.setenv("PATH", f"{masq}:{real}:{os.environ['PATH']}")
+    monkeypatch.delenv("CXX", raising=False)
+    src = '#ifdef __clang__\n#define VAL 2\n#else\n#define VAL 1\n#endif\n' + value_src()
+    spec = {"name": "masq", "cpp_sources": src}
+
+    class Count:
+        def compiles(self) -> int:
+            return len(log.read_text().splitlines()) if log.exists() else 0
+
+    def use(compiler: str):
+        def go():
+            (real / "c++").unlink()
+            (real / "c++").symlink_to(shutil.which(compiler))
+        return go
+
+    cycle(Count(), spec, use("clang++"), use("g++"))
+
+
+def test_cxx_with_a_wrapper_word_builds_and_names_the_real_compiler(cache_root, tmp_path, monkeypatch):
+    wrap = tmp_path / "ccache"
+    wrap.write_text('#!/bin/sh\nexec "$@"\n')
+    wrap.chmod(0o755)
+    monkeypatch.setenv("CXX", f"{wrap} c++")
+    out = run_py("""
+        import stubcache
+        c = stubcache.StubCache()
+        e = c.get_or_build(stubcache.StubSpec("wrapword", 'extern "C" int value(void) { return 5; }'))
+        print(c.load_entry(e).value(), e.manifest.preimage["fingerprint"]["cxx"]["real"]["driver"]["path"])
+    """).stdout.split()
+    assert out[0] == "5" and os.path.realpath(shutil.which("c++")) == out[1]
+
+
+# --- class 6: host-dependent targets -----------------------------------------------------------
+
+
+def test_march_native_is_resolved_into_the_key(cache_root):
+    spec = StubSpec("native", value_src("#define VAL 1"), extra_cflags=["-march=native"])
+    pre = StubCache().preimage(spec)["fingerprint"]
+    assert pre["native"]["target"] and all("native" not in t for t in pre["native"]["target"])
+    assert "native" not in StubCache().preimage(StubSpec("plain", value_src("#define VAL 1")))["fingerprint"]
+
+
+# --- class 7: an input edited during the build -------------------------------------------------
+
+
+def test_header_edited_during_the_build_is_never_published_stale(cache_root, tmp_path, monkeypatch):
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    header = inc / "val.h"
+    header.write_text("#define VAL 1\n")
+    mark = tmp_path / "edited"
+    wrapper = tmp_path / "cxx-edit.sh"
+    # The compiler reads VAL 1; the user saves VAL 2 just as it finishes (before the build hashes
+    # its inputs). Published under VAL 2's key, the VAL 1 library would be served to everyone.
+    wrapper.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        "{shutil.which('c++')}" "$@"; rc=$?
+        case " $* " in *main.cpp*)
+          echo compile >> "{tmp_path / 'log'}"
+          if [ ! -e "{mark}" ]; then : > "{mark}"; echo '#define VAL 2' > "{header}"; fi;;
+        esac
+        exit $rc
+        """))
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("CXX", str(wrapper))
+    spec = {"name": "midedit", "cpp_sources": value_src('#include "val.h"'), "extra_include_paths": [str(inc)]}
+    v1, k1, _ = child(spec)
+    assert mark.exists() and header.read_text().strip() == "#define VAL 2"
+    assert v1 == 2, "the build that raced an edit must not be what loads"
+    v2, k2, _ = child(spec)  # a later process with the same header content: a hit, and correct
+    assert (v2, k2) == (2, k1)
+    assert len((tmp_path / "log").read_text().splitlines()) == 2  # the raced build, one retry
