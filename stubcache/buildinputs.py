@@ -27,7 +27,8 @@ def compiler_command() -> list[str]:
 
 def prefix_map_flags(build_dir: str) -> list[str]:
     """Map the random staging directory to ``.`` in file names, debug info and macros."""
-    return [f"-ffile-prefix-map={os.path.realpath(build_dir)}=.", f"-ffile-prefix-map={build_dir}=."]
+    real = os.path.realpath(build_dir)
+    return [f"-ffile-prefix-map={d}=." for d in dict.fromkeys((real, build_dir))]
 
 
 def compile_dep_flags() -> list[str]:

@@ -438,6 +438,10 @@ def _clear_events(store) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     from .verify import verify_store
 
+    if args.rebuild:
+        return _verify_rebuild(args)
+    if args.keys or args.sample is not None:
+        raise UsageError("KEY arguments and --sample go with --rebuild")
     store = _store(args)
     results = verify_store(store, quarantine=not args.dry_run)
     bad = [r for r in results if r.status == "bad"]
@@ -455,6 +459,37 @@ def cmd_verify(args: argparse.Namespace) -> int:
             _out(f"checked {len(results)} entr{'y' if len(results) == 1 else 'ies'}: "
                  f"{len(results) - len(bad)} ok, {len(bad)} bad" + (f" ({verb})" if bad else ""))
     return EXIT_PROBLEMS if bad else EXIT_OK
+
+
+def _verify_rebuild(args: argparse.Namespace) -> int:
+    """``verify --rebuild``: rebuild entries privately and compare bytes (see stubcache.audit)."""
+    from .audit import UNCOVERED, rebuild_entry, select_keys
+
+    if args.sample is not None and args.sample < 1:
+        raise UsageError("--sample must be at least 1")
+    store = _store(args)
+    try:
+        keys = select_keys(store, args.keys, args.sample)
+    except KeyError as exc:
+        raise UsageError(f"no single entry for key {exc.args[0]}") from None
+    results = [rebuild_entry(store, k) for k in keys]
+    differs = [r for r in results if r.status == "differs"]
+    if args.format == "json":
+        _json({"checked": len(results), "differs": len(differs), "results": [r.to_json() for r in results]})
+        return EXIT_PROBLEMS if differs else EXIT_OK
+    rows = [[r.key if args.verbose else r.key[:12], r.name, r.status, r.detail] for r in results
+            if args.verbose or r.status != "same"]
+    if rows:
+        _out(_table(["KEY", "NAME", "STATUS", "DETAIL"], rows))
+    for r in differs:
+        _out(f"\n{r.key} ({r.name}): {UNCOVERED}: a rebuild now gives sha256 {r.rebuilt_sha256}, the entry "
+             f"holds {r.sha256}. Its pre-image:")
+        _out(json.dumps(r.preimage, indent=1, sort_keys=True))
+    if not args.quiet:
+        counts = {s: sum(1 for r in results if r.status == s) for s in ("same", "differs", "skipped", "failed")}
+        _out(f"rebuilt {len(results)} entr{'y' if len(results) == 1 else 'ies'}: "
+             + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    return EXIT_PROBLEMS if differs else EXIT_OK
 
 
 # --- explain ---------------------------------------------------------------------------------
@@ -734,6 +769,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("verify", cmd_verify, "recheck every entry's checksum and manifest; quarantine failures")
     p.add_argument("--dry-run", "-n", action="store_true", help="report bad entries without quarantining them")
+    p.add_argument("--rebuild", action="store_true",
+                   help="rebuild entries privately and compare bytes: a difference means the key does not "
+                        "cover an input (exit 1)")
+    p.add_argument("keys", nargs="*", metavar="KEY", help="with --rebuild: entries to rebuild (default: all)")
+    p.add_argument("--sample", type=int, metavar="N", help="with --rebuild: rebuild N random entries")
     _fmt(p)
 
     p = add("explain", cmd_explain,

@@ -286,3 +286,67 @@ def test_header_edited_during_the_build_is_never_published_stale(cache_root, tmp
     v2, k2, _ = child(spec)  # a later process with the same header content: a hit, and correct
     assert (v2, k2) == (2, k1)
     assert len((tmp_path / "log").read_text().splitlines()) == 2  # the raced build, one retry
+
+
+# --- reproducible builds and `stubcache verify --rebuild` ---------------------------------------
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "stubcache", *args], capture_output=True, text=True,
+                          env=dict(os.environ), timeout=300)
+
+
+@pytest.mark.parametrize("method,flags", [("direct", []), ("direct", ["-g", "-O2"]), ("load_inline", [])])
+def test_two_builds_of_one_key_are_identical(cache_root, tmp_path, method, flags):
+    """The random staging path must not reach the library (file names, debug info, __FILE__)."""
+    from stubcache.builder import build
+    from stubcache.store import file_sha256
+
+    src = '#include <assert.h>\nextern "C" const char *where(int x) { assert(x); return __FILE__; }\n'
+    shas = []
+    for i in range(2):
+        d = tmp_path / f"b{i}"
+        d.mkdir()
+        shas.append(file_sha256(build(StubSpec("repro", src, extra_cflags=flags, builder=method), str(d)).library))
+    assert shas[0] == shas[1]
+
+
+WEAK_BUILD = """
+import os, stubcache, stubcache.inputs as inputs
+real_track = inputs.track
+def weakened(deps, *a, **k):  # a key that forgets one header: what a hole in the key looks like
+    return real_track([d for d in deps if not d.endswith("val.h")], *a, **k)
+inputs.track = weakened
+spec = stubcache.StubSpec("audited", os.environ["SRC"], extra_include_paths=[os.environ["INC"]])
+c = stubcache.StubCache()
+e = c.get_or_build(spec)
+print(c.load_entry(e).value(), e.key)
+"""
+
+
+def test_verify_rebuild_reports_a_stale_entry(cache_root, cxx, tmp_path):
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "val.h").write_text("#define VAL 1\n")
+    env = {"SRC": value_src('#include "val.h"'), "INC": str(inc)}
+    honest = child({"name": "honest", "cpp_sources": value_src("#define VAL 3")})
+    ok = _cli("verify", "--rebuild")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "1 same" in ok.stdout
+
+    v, key = run_py(WEAK_BUILD, env=env).stdout.split()
+    assert v == "1"
+    (inc / "val.h").write_text("#define VAL 2\n")  # the entry is now stale, and it still hits:
+    v2, key2 = run_py(CHILD.replace("json.loads(os.environ[\"SPEC\"])", "dict(name='audited', cpp_sources="
+                                    "os.environ['SRC'], extra_include_paths=[os.environ['INC']])"), env=env).stdout.split()[:2]
+    assert (v2, key2) == ("1", key)
+    res = _cli("verify", "--rebuild")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "the key does not cover an input" in res.stdout
+    assert '"extra_include_paths"' in res.stdout and key in res.stdout  # the pre-image is shown
+    one = _cli("verify", "--rebuild", honest[1][:10], "--format", "json")
+    assert one.returncode == 0 and '"same"' in one.stdout
+    assert _cli("verify", "--rebuild", "--sample", "1").returncode in (0, 1)
+    assert _cli("verify", "--sample", "1").returncode == 2  # --sample without --rebuild

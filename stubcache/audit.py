@@ -1,0 +1,113 @@
+"""Auditing keys by rebuilding (``stubcache verify --rebuild``).
+
+Builds are reproducible (the staging path never reaches the library), so a published entry and a
+fresh build of its spec with today's toolchain and inputs must be byte-identical. If they are
+not, something the compiler or linker read is not covered by the key: the report names the
+entry and shows its pre-image, so the hole can be found field by field.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from typing import Any, Sequence
+
+from .errors import BuildError
+from .key import diff_preimages
+from .spec import StubSpec
+from .store import Store, file_sha256
+
+UNCOVERED = "the key does not cover an input"
+
+
+class AuditResult:
+    """One entry's verdict: ``status`` is ``same``, ``differs`` (the key has a hole), ``skipped``
+    (cannot be rebuilt comparably here; ``detail`` says why) or ``failed`` (the rebuild failed)."""
+
+    __slots__ = ("key", "name", "status", "detail", "preimage", "rebuilt_sha256", "sha256")
+
+    def __init__(self, key: str, name: str, status: str, detail: str = "", preimage: Any = None,
+                 rebuilt_sha256: str | None = None, sha256: str | None = None) -> None:
+        self.key = key
+        self.name = name
+        self.status = status
+        self.detail = detail
+        self.preimage = preimage
+        self.rebuilt_sha256 = rebuilt_sha256
+        self.sha256 = sha256
+
+    def to_json(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.__slots__}
+
+
+def spec_from_canonical(data: dict) -> StubSpec:
+    """The spec whose :meth:`StubSpec.canonical` is ``data`` (a manifest's ``preimage.spec``)."""
+    functions = data.get("functions")
+    return StubSpec(
+        name=data["name"], cpp_sources=data.get("cpp_sources") or (), cuda_sources=data.get("cuda_sources"),
+        functions=dict(functions) if functions is not None else None,
+        extra_cflags=data.get("extra_cflags"), extra_cuda_cflags=data.get("extra_cuda_cflags"),
+        extra_ldflags=data.get("extra_ldflags"), extra_include_paths=data.get("extra_include_paths"),
+        with_cuda=data.get("with_cuda"), is_python_module=bool(data.get("is_python_module")),
+        with_pytorch_error_handling=data.get("with_pytorch_error_handling") is not False,
+        no_implicit_headers=data.get("no_implicit_headers"), builder=data.get("build_method"),
+    )
+
+
+def select_keys(store: Store, keys: Sequence[str], sample: int | None) -> list[str]:
+    """The given keys (unique prefixes allowed), else all entries or a random sample of them."""
+    every = store.entry_keys()
+    if keys:
+        out = []
+        for k in keys:
+            matches = [e for e in every if e.startswith(k)]
+            if len(matches) != 1:
+                raise KeyError(f"{k!r} matches {len(matches)} entries")
+            out.append(matches[0])
+        return out
+    if sample is not None and sample < len(every):
+        return sorted(random.sample(every, sample))
+    return every
+
+
+def rebuild_entry(store: Store, key: str) -> AuditResult:
+    """Rebuild one entry's spec in a private directory and compare the bytes."""
+    from . import inputs
+    from .builder import build
+    from .cache import StubCache
+
+    try:
+        manifest = store.read_manifest(key)
+    except (OSError, ValueError) as exc:
+        return AuditResult(key, "?", "skipped", f"manifest unreadable: {exc}")
+    pre = manifest.preimage if isinstance(manifest.preimage, dict) else {}
+    try:
+        spec = spec_from_canonical(pre["spec"])
+    except (KeyError, TypeError, ValueError) as exc:
+        return AuditResult(key, str(manifest.name), "skipped", f"pre-image is not a spec: {exc}")
+    if spec.canonical() != pre["spec"]:
+        return AuditResult(key, spec.name, "skipped", "pre-image spec does not round-trip")
+    fp_now = StubCache(store.root, seeds=[])._fingerprint(spec)
+    diffs = diff_preimages(pre.get("fingerprint"), fp_now)
+    if diffs:
+        fields = ", ".join(d[0] for d in diffs[:4])
+        return AuditResult(key, spec.name, "skipped", f"built with another toolchain ({fields})")
+    if manifest.headers and not inputs.still_valid(manifest.headers, manifest.inputs):
+        return AuditResult(key, spec.name, "skipped", "its tracked inputs changed since (it would miss now)")
+    tmp = tempfile.mkdtemp(prefix="stubcache-audit-")
+    try:
+        build_dir = os.path.join(tmp, "build")
+        os.mkdir(build_dir, 0o700)
+        try:
+            result = build(spec, build_dir)
+        except BuildError as exc:
+            return AuditResult(key, spec.name, "failed", f"rebuild failed: {exc}")
+        if result.unstable:
+            return AuditResult(key, spec.name, "failed", "inputs changed during the rebuild; run it again")
+        sha = file_sha256(result.library)
+    finally:
+        Store.rmtree(tmp)
+    if sha != manifest.sha256:
+        return AuditResult(key, spec.name, "differs", UNCOVERED, pre, sha, manifest.sha256)
+    return AuditResult(key, spec.name, "same", "", None, sha, manifest.sha256)
