@@ -278,8 +278,12 @@ class StubSpec:
                 "extra_ldflags": list(self.extra_ldflags),
                 "extra_include_paths": list(self.extra_include_paths),
                 "with_cuda": self.effective_with_cuda,
-                "is_python_module": self.is_python_module,
-                "with_pytorch_error_handling": self.with_pytorch_error_handling,
+                # Without functions torch generates no bindings: both options then leave the
+                # library byte-identical (tests/test_key_soundness.py), so they must not split
+                # the key. is_python_module only changes how the caller loads the library.
+                "is_python_module": self.is_python_module if self.functions is not None else None,
+                "with_pytorch_error_handling": (self.with_pytorch_error_handling if self.functions is not None
+                                                else None),
                 "no_implicit_headers": self.skips_implicit_headers,
                 "build_method": self.build_method,
             }

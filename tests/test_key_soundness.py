@@ -350,3 +350,27 @@ def test_verify_rebuild_reports_a_stale_entry(cache_root, cxx, tmp_path):
     assert one.returncode == 0 and '"same"' in one.stdout
     assert _cli("verify", "--rebuild", "--sample", "1").returncode in (0, 1)
     assert _cli("verify", "--sample", "1").returncode == 2  # --sample without --rebuild
+
+
+# --- needless misses ---------------------------------------------------------------------------
+
+
+def test_options_that_do_not_change_the_bytes_share_a_key(cache_root, tmp_path):
+    """Without ``functions``, ``is_python_module`` and ``with_pytorch_error_handling`` give
+    byte-identical libraries (measured here), so they share one key."""
+    from stubcache.builder import build
+    from stubcache.store import file_sha256
+
+    src = 'extern "C" int value(void) { return 4; }\n'
+    variants = [dict(is_python_module=p, with_pytorch_error_handling=h) for p in (False, True) for h in (False, True)]
+    shas, keys = set(), set()
+    for i, kw in enumerate(variants):
+        spec = StubSpec("needless", src, builder="load_inline", **kw)
+        d = tmp_path / f"b{i}"
+        d.mkdir()
+        shas.add(file_sha256(build(spec, str(d)).library))
+        keys.add(StubCache().key(spec))
+    assert len(shas) == 1 and len(keys) == 1
+    with_fn = [StubSpec("needless", "int f(int x) { return x; }", functions=["f"], with_pytorch_error_handling=h)
+               for h in (False, True)]
+    assert StubCache().key(with_fn[0]) != StubCache().key(with_fn[1])  # bindings differ: kept
