@@ -39,6 +39,7 @@ SCENARIOS = {
     6: "s6_cache_mgmt",
     7: "s7_hit_breakdown",
     8: "s8_fleet",
+    9: "s9_tracked_inputs",
 }
 
 

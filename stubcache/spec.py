@@ -150,7 +150,7 @@ class StubSpec:
         "name", "cpp_sources", "cuda_sources", "functions", "extra_cflags", "extra_cuda_cflags",
         "extra_ldflags", "extra_include_paths", "with_cuda", "is_python_module",
         "with_pytorch_error_handling", "no_implicit_headers", "builder", "_canonical", "_base_key",
-        "_mentions",
+        "_mentions", "_host_targets",
     )
 
     def __init__(
@@ -190,6 +190,9 @@ class StubSpec:
         if builder not in (None, "direct", "load_inline"):
             raise ValueError(f"builder must be None, 'direct' or 'load_inline', got {builder!r}")
         _set(self, "builder", builder)
+        _set(self, "_host_targets", tuple(
+            f for f in self.extra_cflags + self.extra_cuda_cflags
+            if f.endswith("=native") and f.startswith(("-march=", "-mtune=", "-mcpu=", "-Xcompiler"))))
         if builder == "direct" and not self._direct_ok():
             raise ValueError(f"stub {name!r} cannot take the direct build path: it needs torch headers, "
                              "a Python module or CUDA")
@@ -254,8 +257,7 @@ class StubSpec:
     @property
     def host_targets(self) -> tuple[str, ...]:
         """Flags whose meaning depends on this machine's CPU (``-march=native`` and friends)."""
-        return tuple(f for f in self.extra_cflags + self.extra_cuda_cflags
-                     if f.endswith("=native") and f.startswith(("-march=", "-mtune=", "-mcpu=", "-Xcompiler")))
+        return self._host_targets
 
     @property
     def tracks_headers(self) -> bool:
