@@ -338,7 +338,7 @@ class StubCache:
                 return _Corrupt(key, f"manifest unreadable: {exc}")
             if manifest.key != key or manifest.base_key != base:
                 return _Corrupt(key, "manifest describes another key")
-            if manifest.headers and not still_valid(manifest.headers, manifest.inputs):
+            if manifest.headers and not still_valid(manifest.headers, manifest.inputs, self._sig_memo(store, key)):
                 continue
             entry = Entry(key, os.path.join(store.entry_dir(key), manifest.library), manifest, seed=seed,
                           root=store.root)
@@ -353,6 +353,18 @@ class StubCache:
                 return _Corrupt(key, str(exc))
             return entry
         return None
+
+    def _sig_memo(self, store: Store, key: str) -> str | None:
+        """Where this root remembers re-checked signatures of an entry's tracked files."""
+        if not self.store._ready:
+            return None
+        if store is self.store:
+            tag = key
+        else:  # a seed store's entry: its files were checked against this host's
+            import hashlib
+
+            tag = f"{key}-{hashlib.sha256(store.root.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
+        return os.path.join(self.store.path("state"), f"inputs-{tag}.json")
 
     def _pin(self, key: str) -> None:
         if key not in self._pins:

@@ -510,7 +510,7 @@ def _resolve(ref: str, args: argparse.Namespace, store) -> list[dict[str, Any]]:
         out = []
         for spec in specs:
             key = cache.key(spec)
-            keys = store.variant_keys(key) if spec.tracks_headers else [key]
+            keys = store.variant_keys(key) + [key]  # entries with tracked files are variants
             in_cache = any(os.path.isdir(store.entry_dir(k)) for k in keys)
             out.append({"label": f"{ref} ({spec.name})", "key": key, "in_cache": in_cache,
                         "preimage": cache.preimage(spec)})

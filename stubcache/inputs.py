@@ -63,21 +63,39 @@ def _recordable(sig: list | None) -> list | None:
 # --- lookup (hit path) ------------------------------------------------------------------------
 
 
-def still_valid(files: dict, inputs: dict | None) -> bool:
+def still_valid(files: dict, inputs: dict | None, memo_path: str | None = None) -> bool:
     """True if every tracked file has its recorded content and no shadowing file appeared.
 
     ``files`` is ``{path: sha256}`` (the manifest's ``headers``); ``inputs`` the manifest's
     ``inputs`` record (signatures and shadow candidates), or None for an older entry. A
-    malformed record is a mismatch (the entry is rebuilt), never an exception.
+    malformed record is a mismatch (the entry is rebuilt), never an exception. ``memo_path``
+    (a file in the local root's ``state/``) remembers signatures of files re-hashed and found
+    unchanged, for this entry, so that other processes (an entry from a seed store or built on
+    another host, a file touched but not changed) do not hash them again.
     """
     try:
-        return _still_valid(files, inputs)
+        return _still_valid(files, inputs, memo_path)
     except (TypeError, ValueError, AttributeError):
         return False
 
 
-def _still_valid(files: dict, inputs: dict | None) -> bool:
+def _read_sig_memo(path: str | None) -> dict:
+    if not path:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            import json
+
+            data = json.load(fh)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _still_valid(files: dict, inputs: dict | None, memo_path: str | None) -> bool:
     sigs = (inputs or {}).get("sigs") or {}
+    memo: dict | None = None
+    learned: dict = {}
     for path, digest in files.items():
         try:
             st = os.stat(path)
@@ -86,25 +104,36 @@ def _still_valid(files: dict, inputs: dict | None) -> bool:
         sig = signature(st)
         if sigs.get(path) == sig:
             continue
-        memo = _hashes.get(path)
-        if memo is not None and memo[0] == sig:
-            if memo[1] != digest:
+        seen = _hashes.get(path)
+        if seen is not None and seen[0] == sig:
+            if seen[1] != digest:
                 return False
+            continue
+        if memo is None:
+            memo = _read_sig_memo(memo_path)
+        if memo.get(path) == sig:
             continue
         try:
             actual = file_sha256(path)
         except OSError:
             return False
-        if _stable(path, sig):
+        stable = _stable(path, sig)
+        if stable:
             _hashes[path] = (sig, actual)
         if actual != digest:
             return False
+        if stable:
+            learned[path] = sig
     for directory, (dsig, candidates) in ((inputs or {}).get("shadows") or {}).items():
         if _dir_sig(directory) == dsig:
             continue
         for cand in candidates:
             if os.path.lexists(cand):
                 return False
+    if learned and memo_path:
+        from .fingerprint import _write_json
+
+        _write_json(memo_path, {**(memo or {}), **learned})
     return True
 
 

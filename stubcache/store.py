@@ -3,7 +3,7 @@
 Layout under ``<root>/v1/``::
 
     entries/<key>/{<module>.so, manifest.json}   published, immutable
-    variants/<base>/<key>                        empty markers: entries of a header-tracking spec
+    variants/<base>/<key>                        empty markers: entries with tracked files
     staging/<base>-<pid>-<rand>/                 one private directory per build
     locks/<base>.lock  leases/<base>.json        per-key build lock and who holds it
     failures/<base>.json                         last failed build, for processes waiting on it

@@ -374,3 +374,39 @@ def test_options_that_do_not_change_the_bytes_share_a_key(cache_root, tmp_path):
     with_fn = [StubSpec("needless", "int f(int x) { return x; }", functions=["f"], with_pytorch_error_handling=h)
                for h in (False, True)]
     assert StubCache().key(with_fn[0]) != StubCache().key(with_fn[1])  # bindings differ: kept
+
+
+def test_touched_but_unchanged_input_is_hashed_once_across_processes(cache_root, cxx, tmp_path):
+    """A tracked file whose stat signature changed but whose content did not is re-hashed by one
+    process; the root remembers the new signature, so later processes only stat it."""
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "val.h").write_text("#define VAL 1\n")
+    spec = {"name": "touched", "cpp_sources": value_src('#include "val.h"'), "extra_include_paths": [str(inc)]}
+    _, k1, _ = child(spec)
+    os.utime(inc / "val.h")  # new mtime and ctime, same bytes
+    memo = cache_root / "v1" / "state" / f"inputs-{k1}.json"
+    assert not memo.exists()
+    assert child(spec)[1] == k1 and memo.exists()
+    import json
+
+    assert str(inc / "val.h") in json.loads(memo.read_text())
+    (inc / "val.h").write_text("#define VAL 2\n")  # and a real change still misses
+    assert child(spec)[0] == 2
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/driver/nvidia/gpus"), reason="needs an NVIDIA GPU")
+def test_visible_gpu_architectures_enter_the_key_when_arch_list_is_unset(cache_root, monkeypatch):
+    import torch
+
+    from stubcache import fingerprint
+
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    fingerprint.reset_for_tests()
+    spec = StubSpec("cudaarch", "__global__ void k() {}", cuda_sources="__global__ void k() {}")
+    archs = StubCache().preimage(spec)["fingerprint"]["cuda"]["visible_archs"]
+    expect = sorted({"%d.%d" % torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
+    assert archs == expect
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0")
+    fingerprint.reset_for_tests()
+    assert "visible_archs" not in StubCache().preimage(spec)["fingerprint"]["cuda"]
