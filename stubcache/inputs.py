@@ -284,7 +284,8 @@ def track(deps: Iterable[str], build_dir: str, pinned: list[str], search: Search
             st0 = os.stat(path)
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
-            unstable.append(path)  # read by the build, gone now
+            if not _driver_temporary(path):
+                unstable.append(path)  # read by the build, gone now
             continue
         try:
             digest = file_sha256(fd)
@@ -303,6 +304,15 @@ def track(deps: Iterable[str], build_dir: str, pinned: list[str], search: Search
     if search is not None:
         record["shadows"] = shadow_candidates(headers, search)
     return Tracked(files, record, unstable)
+
+
+def _driver_temporary(path: str) -> bool:
+    """The compiler driver's own temporary object (``/tmp/ccXXXXXX.o``), deleted after the link.
+    glibc ignores ``TMPDIR`` in a process whose effective and real ids differ, so it can land
+    outside the build directory."""
+    import re
+
+    return re.fullmatch(r"cc[A-Za-z0-9]{6}\.o", os.path.basename(path)) is not None
 
 
 def shadow_candidates(headers: list[str], search: SearchPath) -> dict:

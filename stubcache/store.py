@@ -140,8 +140,8 @@ class Store:
     def variant_keys(self, base: str) -> list[str]:
         try:
             return sorted(os.listdir(os.path.join(self.base, "variants", base)))
-        except FileNotFoundError:
-            return []
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            return []  # no variants, or a root this user cannot read (lookups then miss)
 
     def entry_keys(self) -> list[str]:
         try:
