@@ -123,4 +123,21 @@ def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: 
         search = None
     pinned = inputs.pinned_prefixes(cmd, search or inputs.SearchPath([], []), torch_dir(),
                                     sysconfig.get_path("include", scheme="posix_prefix"))
+    if spec.effective_with_cuda:
+        home = _cuda_home()
+        if home:  # the CUDA toolkit is pinned by the nvcc identity in the fingerprint
+            pinned.append(os.path.realpath(home).rstrip("/") + "/")
     return inputs.track(deps, build_dir, pinned, search, started_ns)
+
+
+def _cuda_home() -> str | None:
+    """The CUDA toolkit torch would use: ``CUDA_HOME``/``CUDA_PATH``, else nvcc's parent."""
+    from .fingerprint import which
+
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home:
+        return home
+    nvcc = which("nvcc")
+    if nvcc:
+        return os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
+    return "/usr/local/cuda" if os.path.isdir("/usr/local/cuda") else None
