@@ -93,8 +93,11 @@ def rebuild_entry(store: Store, key: str) -> AuditResult:
     if diffs:
         fields = ", ".join(d[0] for d in diffs[:4])
         return AuditResult(key, spec.name, "skipped", f"built with another toolchain ({fields})")
-    if manifest.headers and not inputs.still_valid(manifest.headers, manifest.inputs):
-        return AuditResult(key, spec.name, "skipped", "its tracked inputs changed since (it would miss now)")
+    try:
+        if manifest.headers and not inputs.still_valid(manifest.headers, manifest.inputs):
+            return AuditResult(key, spec.name, "skipped", "its tracked inputs changed since (it would miss now)")
+    except ValueError as exc:
+        return AuditResult(key, spec.name, "skipped", str(exc))
     tmp = tempfile.mkdtemp(prefix="stubcache-audit-")
     try:
         build_dir = os.path.join(tmp, "build")

@@ -338,8 +338,12 @@ class StubCache:
                 return _Corrupt(key, f"manifest unreadable: {exc}")
             if manifest.key != key or manifest.base_key != base:
                 return _Corrupt(key, "manifest describes another key")
-            if manifest.headers and not still_valid(manifest.headers, manifest.inputs, self._sig_memo(store, key)):
-                continue
+            try:
+                if manifest.headers and not still_valid(manifest.headers, manifest.inputs,
+                                                        self._sig_memo(store, key)):
+                    continue
+            except ValueError as exc:  # same key, so a rebuild could never replace it: quarantine
+                return _Corrupt(key, str(exc))
             entry = Entry(key, os.path.join(store.entry_dir(key), manifest.library), manifest, seed=seed,
                           root=store.root)
             try:

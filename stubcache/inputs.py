@@ -63,20 +63,24 @@ def _recordable(sig: list | None) -> list | None:
 # --- lookup (hit path) ------------------------------------------------------------------------
 
 
+class MalformedInputs(ValueError):
+    """A manifest's ``headers``/``inputs`` record is not what stubcache writes."""
+
+
 def still_valid(files: dict, inputs: dict | None, memo_path: str | None = None) -> bool:
     """True if every tracked file has its recorded content and no shadowing file appeared.
 
     ``files`` is ``{path: sha256}`` (the manifest's ``headers``); ``inputs`` the manifest's
     ``inputs`` record (signatures and shadow candidates), or None for an older entry. A
-    malformed record is a mismatch (the entry is rebuilt), never an exception. ``memo_path``
+    malformed record raises :class:`MalformedInputs` (the caller treats the entry as corrupt). ``memo_path``
     (a file in the local root's ``state/``) remembers signatures of files re-hashed and found
     unchanged, for this entry, so that other processes (an entry from a seed store or built on
     another host, a file touched but not changed) do not hash them again.
     """
     try:
         return _still_valid(files, inputs, memo_path)
-    except (TypeError, ValueError, AttributeError):
-        return False
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise MalformedInputs(f"malformed tracked-input record ({type(exc).__name__}: {exc})") from None
 
 
 def _read_sig_memo(path: str | None) -> dict:

@@ -410,3 +410,23 @@ def test_visible_gpu_architectures_enter_the_key_when_arch_list_is_unset(cache_r
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0")
     fingerprint.reset_for_tests()
     assert "visible_archs" not in StubCache().preimage(spec)["fingerprint"]["cuda"]
+
+
+@pytest.mark.parametrize("bad", [{"sigs": 5}, {"shadows": {"/": 3}}, {"shadows": {"/": [None, 7]}},
+                                 {"sigs": {"x": "y"}, "shadows": [1]}, "text"])
+def test_malformed_inputs_record_is_quarantined_and_rebuilt(cache_root, cxx, bad):
+    import json
+
+    spec = {"name": "malformed", "cpp_sources": value_src("#include <stdint.h>\n#define VAL 1")}
+    _, key, path = child(spec)
+    mpath = Path(path).parent / "manifest.json"
+    data = json.loads(mpath.read_text())
+    assert data["headers"]  # <stdint.h> and the linker inputs are tracked
+    data["inputs"] = bad
+    Path(path).parent.chmod(0o755)
+    mpath.chmod(0o644)
+    mpath.write_text(json.dumps(data))
+    mpath.chmod(0o444)
+    v, key2, _ = child(spec)  # a hostile or broken record: quarantined, rebuilt, loaded
+    assert (v, key2) == (1, key) and cxx.compiles() == 2
+    assert any(p.name.startswith(key) for p in (cache_root / "v1" / "quarantine").iterdir())
