@@ -430,3 +430,21 @@ def test_malformed_inputs_record_is_quarantined_and_rebuilt(cache_root, cxx, bad
     v, key2, _ = child(spec)  # a hostile or broken record: quarantined, rebuilt, loaded
     assert (v, key2) == (1, key) and cxx.compiles() == 2
     assert any(p.name.startswith(key) for p in (cache_root / "v1" / "quarantine").iterdir())
+
+
+def test_linker_trace_fallback_finds_the_archive(tmp_path, monkeypatch):
+    """Without ``--dependency-file`` (binutils < 2.35) the direct path reads ``-Wl,--trace``."""
+    from stubcache import buildinputs
+    from stubcache.builder import build
+
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (tmp_path / "dep.c").write_text("int dep_value(void) { return 7; }\n")
+    subprocess.run(["cc", "-fPIC", "-c", str(tmp_path / "dep.c"), "-o", str(tmp_path / "dep.o")], check=True)
+    subprocess.run(["ar", "rcs", str(lib / "libdep.a"), str(tmp_path / "dep.o")], check=True)
+    monkeypatch.setattr(buildinputs, "linker_writes_depfile", lambda: False)
+    (tmp_path / "b").mkdir()
+    spec = StubSpec("trace", 'extern "C" int dep_value(void);\nextern "C" int value(void) { return dep_value(); }\n',
+                    extra_ldflags=[f"-L{lib}", "-ldep"])
+    result = build(spec, str(tmp_path / "b"))
+    assert str(lib / "libdep.a") in result.headers
