@@ -416,7 +416,8 @@ class StubCache:
             os.close(fd)
 
     def _manifest_for(self, spec: StubSpec, base: str, result, sha: str, size: int) -> Manifest:
-        key = entry_key(base, result.headers)
+        shadows = (result.inputs or {}).get("shadows") or {}
+        key = entry_key(base, result.headers, [c for _, cands in shadows.values() for c in cands])
         return Manifest(
             key=key, base_key=base, name=spec.name, module_name=result.module_name,
             library=os.path.basename(result.library), sha256=sha, size=size,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 KEY_LEN = 32  # hex characters (128 bits)
 
@@ -24,14 +24,22 @@ def base_key(spec_canonical: Mapping[str, Any], fingerprint: Mapping[str, Any]) 
     return _digest(preimage(spec_canonical, fingerprint))
 
 
-def entry_key(base: str, headers: Mapping[str, str]) -> str:
-    """Key of a built entry: the base key plus the contents of the user headers it used.
+def entry_key(base: str, headers: Mapping[str, str], absent: Sequence[str] = ()) -> str:
+    """Key of a built entry: the base key plus the contents of the files it read (``headers``)
+    and the paths that did not exist when it was built and would shadow one of them
+    (``absent``).
 
-    With no tracked headers the entry key is the base key itself.
+    The absent paths are in the key because a lookup misses when one appears: the rebuild that
+    follows records a different set and so publishes beside the old entry, never onto it (the
+    old one hits again once the path is gone). With no tracked files the entry key is the base
+    key itself.
     """
     if not headers:
         return base
-    return _digest({"base": base, "headers": dict(sorted(headers.items()))})
+    doc: dict[str, Any] = {"base": base, "headers": dict(sorted(headers.items()))}
+    if absent:
+        doc["absent"] = sorted(absent)
+    return _digest(doc)
 
 
 def diff_preimages(a: Any, b: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:

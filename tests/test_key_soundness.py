@@ -448,3 +448,24 @@ def test_linker_trace_fallback_finds_the_archive(tmp_path, monkeypatch):
                     extra_ldflags=[f"-L{lib}", "-ldep"])
     result = build(spec, str(tmp_path / "b"))
     assert str(lib / "libdep.a") in result.headers
+
+
+def test_a_shadow_candidate_the_compiler_does_not_choose_publishes_beside(cache_root, cxx, tmp_path):
+    """A path recorded as a possible shadow appears but the compiler keeps the old header (here
+    the header is included by a path relative to the including file, which is searched first):
+    the lookup misses, and the rebuild, with the same file contents, gets its own entry instead
+    of colliding with the old one."""
+    inc, other = tmp_path / "inc", tmp_path / "other"
+    (inc / "sub").mkdir(parents=True)
+    other.mkdir()
+    (inc / "sub" / "outer.h").write_text('#include "val.h"\n')
+    (inc / "sub" / "val.h").write_text("#define VAL 1\n")
+    spec = {"name": "notchosen", "cpp_sources": value_src('#include "sub/outer.h"'),
+            "extra_include_paths": [str(other), str(inc)]}
+    v1, k1, _ = child(spec)
+    (other / "sub").mkdir()
+    (other / "sub" / "val.h").write_text("#define VAL 2\n")  # searched before inc, but not for "val.h"
+    v2, k2, _ = child(spec)
+    assert v2 == 1 and k2 != k1 and cxx.compiles() == 2
+    v3, k3, _ = child(spec)
+    assert (v3, k3) == (1, k2) and cxx.compiles() == 2
