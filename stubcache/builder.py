@@ -50,11 +50,19 @@ def build(spec: StubSpec, build_dir: str) -> BuildResult:
     """Build ``spec`` inside ``build_dir`` (which must be private to this build)."""
     t0 = time.perf_counter()
     started_ns = time.time_ns()
-    if spec.build_method == "direct":
-        library, out, deps = _build_direct(spec, build_dir)
-    else:
-        library, out, deps = _build_load_inline(spec, build_dir)
-    tracked = buildinputs.tracked_inputs(spec, build_dir, deps, started_ns)
+    probe = None
+    try:
+        if spec.build_method == "direct":
+            probe = buildinputs.start_search_probe(spec, build_dir)  # runs beside the compile
+            library, out, deps = _build_direct(spec, build_dir)
+        else:
+            library, out, deps = _build_load_inline(spec, build_dir)
+    except BaseException:
+        if probe is not None:
+            probe.kill()
+            probe.wait()
+        raise
+    tracked = buildinputs.tracked_inputs(spec, build_dir, deps, started_ns, probe)
     module_name = os.path.basename(library).split(".", 1)[0]
     return BuildResult(library, module_name, tracked.files, spec.build_method, time.perf_counter() - t0, out,
                        tracked.record, tracked.unstable)

@@ -16,7 +16,6 @@ from .spec import StubSpec
 
 DEPFILE = inputs.DEPFILE
 LINK_DEPFILE = inputs.LINK_DEPFILE
-_ld_depfile_ok: dict[str, bool] = {}
 
 
 def compiler_command() -> list[str]:
@@ -40,24 +39,18 @@ def compile_dep_flags() -> list[str]:
     return [f"-Wp,-MD,{DEPFILE}"]
 
 
+def _compiler_facts() -> dict:
+    """The fingerprint's record of the real compiler (memoised per process and on disk)."""
+    from . import fingerprint
+
+    fp = fingerprint.base_fingerprint(None)  # the process's current fingerprint when there is one
+    return (fp.get("cxx") or {}).get("real") or {}
+
+
 def linker_writes_depfile() -> bool:
     """Whether the linker the compiler driver runs accepts ``--dependency-file`` (binutils
-    ≥ 2.35, lld); probed once per process and compiler."""
-    cmd = compiler_command()
-    key = " ".join(cmd)
-    ok = _ld_depfile_ok.get(key)
-    if ok is None:
-        ok = False
-        try:
-            ld = subprocess.run([*cmd, "-print-prog-name=ld"], stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, check=False, timeout=60).stdout.decode().strip()
-            out = subprocess.run([ld or "ld", "--help"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                 check=False, timeout=60).stdout
-            ok = b"--dependency-file" in out
-        except (OSError, subprocess.SubprocessError):
-            ok = False
-        _ld_depfile_ok[key] = ok
-    return ok
+    ≥ 2.35, lld); part of the compiler probe."""
+    return bool(_compiler_facts().get("ld_depfile"))
 
 
 def extra_link_flags() -> list[str]:
@@ -110,19 +103,34 @@ def _compile_flags(spec: StubSpec, build_dir: str) -> list[str]:
     return [f for f in flags if not f.startswith(("-Wp,-M", "-M"))]
 
 
-def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: int) -> inputs.Tracked:
+def start_search_probe(spec: StubSpec, build_dir: str) -> subprocess.Popen | None:
+    """Start asking the compiler for its include search order (``-E -v``), to run beside the
+    compile; :func:`tracked_inputs` collects it."""
+    try:
+        return inputs.start_search_path([*compiler_command(), *_compile_flags(spec, build_dir)], build_dir)
+    except OSError:
+        return None
+
+
+def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: int,
+                   probe: subprocess.Popen | None = None) -> inputs.Tracked:
     """Hash what the build read (see :mod:`stubcache.inputs`)."""
     if not deps:
+        if probe is not None:
+            probe.kill()
+            probe.wait()
         return inputs.Tracked({}, {}, [])
     import sysconfig
 
     cmd = compiler_command()
     try:
-        search = inputs.search_path([*cmd, *_compile_flags(spec, build_dir)], cwd=build_dir)
+        if probe is None:
+            probe = inputs.start_search_path([*cmd, *_compile_flags(spec, build_dir)], build_dir)
+        search = inputs.finish_search_path(probe)
     except (OSError, subprocess.SubprocessError):
         search = None
-    pinned = inputs.pinned_prefixes(cmd, search or inputs.SearchPath([], []), torch_dir(),
-                                    sysconfig.get_path("include", scheme="posix_prefix"))
+    pinned = inputs.pinned_prefixes(_compiler_facts().get("own_dirs") or [], search or inputs.SearchPath([], []),
+                                    torch_dir(), sysconfig.get_path("include", scheme="posix_prefix"))
     if spec.effective_with_cuda:
         home = _cuda_home()
         if home:  # the CUDA toolkit is pinned by the nvcc identity in the fingerprint

@@ -19,7 +19,7 @@ import sys
 import threading
 from typing import Any
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: real compiler, tracked inputs, needless fields nulled
 
 # Environment variables that torch's cpp_extension, the compiler drivers (gcc, clang, nvcc) or
 # the linker read when forming or running build commands and that can change the output; the
@@ -271,7 +271,7 @@ def compiler_identity(command: str, state_dir: str | None) -> dict[str, Any]:
         driver = wrapped_driver(words, found)
         dsig = _sig(driver) if driver else None
         # A wrapper finds the real compiler on PATH, so PATH is part of what this memo means.
-        memo_key = (f"cc2:{command}:{found}:{path}:{st.st_size}:{st.st_mtime_ns}:{os.environ.get('PATH', '')}:"
+        memo_key = (f"cc3:{command}:{found}:{path}:{st.st_size}:{st.st_mtime_ns}:{os.environ.get('PATH', '')}:"
                     f"{driver and os.path.realpath(driver)}:{dsig}")
 
         def compute() -> dict:
@@ -367,6 +367,13 @@ def _probe_compiler(cmd: list[str]) -> dict:
     for prog in ("as", "ld"):
         name = _run_text([*cmd, f"-print-prog-name={prog}"]).strip()
         real[prog] = _tool(name) if name and not name.startswith("<failed") else None
+    # Facts the build needs about this compiler (its own directories, whose files the key pins
+    # by version; whether its linker writes a dependency file), probed once with the rest.
+    from .inputs import compiler_dirs
+
+    real["own_dirs"] = compiler_dirs(cmd)
+    ld_help = _run_text([real["ld"]["path"], "--help"]) if isinstance(real.get("ld"), dict) else ""
+    real["ld_depfile"] = "--dependency-file" in ld_help
     validators = []
     for tool in real.values():
         if isinstance(tool, dict) and tool.get("path"):

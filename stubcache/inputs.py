@@ -162,12 +162,30 @@ class SearchPath:
         self.missing = missing  # dirs the compiler ignored as nonexistent (they may appear later)
 
 
+def start_search_path(cmd: list[str], cwd: str | None = None) -> subprocess.Popen:
+    """Start the compiler ``cmd`` (with all include-affecting flags) reporting its search order."""
+    return subprocess.Popen([*cmd, "-x", "c++", "-E", "-v", os.devnull, "-o", os.devnull],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd)
+
+
+def finish_search_path(proc: subprocess.Popen) -> SearchPath:
+    """Parse what :func:`start_search_path` printed."""
+    try:
+        out, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    return parse_search_path(out.decode("utf-8", "replace"))
+
+
 def search_path(cmd: list[str], cwd: str | None = None) -> SearchPath:
-    """Ask the compiler ``cmd`` (with all include-affecting flags) for its search order."""
-    proc = subprocess.run([*cmd, "-x", "c++", "-E", "-v", os.devnull, "-o", os.devnull],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd, check=False,
-                          timeout=120)
-    text = proc.stdout.decode("utf-8", "replace")
+    """Ask the compiler ``cmd`` for its search order and wait for the answer."""
+    return finish_search_path(start_search_path(cmd, cwd))
+
+
+def parse_search_path(text: str) -> SearchPath:
+    """The directories in a compiler's ``-v`` output, in search order."""
     dirs: list[str] = []
     missing: list[str] = []
     inside = False
@@ -203,10 +221,11 @@ def compiler_dirs(cmd: list[str]) -> list[str]:
     return out
 
 
-def pinned_prefixes(cmd: list[str], search: SearchPath, torch_dir: str | None, python_include: str | None
+def pinned_prefixes(own_dirs: list[str], search: SearchPath, torch_dir: str | None, python_include: str | None
                     ) -> list[str]:
-    """Resolved directories whose contents the fingerprint pins (see the module docstring)."""
-    roots = list(compiler_dirs(cmd))
+    """Resolved directories whose contents the fingerprint pins (see the module docstring);
+    ``own_dirs`` are the compiler's own (:func:`compiler_dirs`, memoised with its identity)."""
+    roots = list(own_dirs)
     if torch_dir:
         roots += [os.path.join(torch_dir, "include"), os.path.join(torch_dir, "lib")]
     if python_include:
