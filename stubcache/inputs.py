@@ -217,7 +217,8 @@ def compiler_dirs(cmd: list[str]) -> list[str]:
             d = os.path.dirname(os.path.realpath(p))
             if probe.endswith("libgcc-file-name") and "/clang/" in d:
                 d = os.path.dirname(os.path.dirname(d))  # <resource>/lib/linux -> <resource>
-            out.append(d)
+            if d not in out:
+                out.append(d)
     return out
 
 
