@@ -210,6 +210,10 @@ class StubSpec:
     def __delattr__(self, name: str) -> None:
         raise AttributeError(f"StubSpec is immutable: cannot delete {name!r}")
 
+    def __reduce__(self):
+        # pickle and copy rebuild through __init__ (validation included), never by setattr.
+        return (StubSpec.from_json, (self.to_json(),))
+
     def replace(self, **changes: Any) -> "StubSpec":
         """A new spec equal to this one except for ``changes`` (fields as in :meth:`to_json`)."""
         data = self.to_json()

@@ -61,6 +61,10 @@ def test_spec_is_immutable(cache_root):
         spec.cpp_sources = (value_src("#define VAL 2"),)
     with pytest.raises(AttributeError):
         del spec.name
+    import copy
+    import pickle
+
+    assert pickle.loads(pickle.dumps(spec)) == spec and copy.deepcopy(spec) == spec
     changed = spec.replace(cpp_sources=value_src("#define VAL 2"))
     assert StubCache().key(spec) == key and StubCache().key(changed) != key
 
