@@ -399,23 +399,6 @@ def test_touched_but_unchanged_input_is_hashed_once_across_processes(cache_root,
     assert child(spec)[0] == 2
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/driver/nvidia/gpus"), reason="needs an NVIDIA GPU")
-def test_visible_gpu_architectures_enter_the_key_when_arch_list_is_unset(cache_root, monkeypatch):
-    import torch
-
-    from stubcache import fingerprint
-
-    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
-    fingerprint.reset_for_tests()
-    spec = StubSpec("cudaarch", "__global__ void k() {}", cuda_sources="__global__ void k() {}")
-    archs = StubCache().preimage(spec)["fingerprint"]["cuda"]["visible_archs"]
-    expect = sorted({"%d.%d" % torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
-    assert archs == expect
-    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0")
-    fingerprint.reset_for_tests()
-    assert "visible_archs" not in StubCache().preimage(spec)["fingerprint"]["cuda"]
-
-
 @pytest.mark.parametrize("bad", [{"sigs": 5}, {"shadows": {"/": 3}}, {"shadows": {"/": [None, 7]}},
                                  {"sigs": {"x": "y"}, "shadows": [1]}, "text"])
 def test_malformed_inputs_record_is_quarantined_and_rebuilt(cache_root, cxx, bad):
