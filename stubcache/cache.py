@@ -14,7 +14,7 @@ from .errors import (BuildError, CacheMissError, IntegrityError, LockTimeoutErro
 from .key import base_key, entry_key, preimage
 from .manifest import MANIFEST_NAME, Manifest
 from .spec import StubSpec
-from .inputs import still_valid
+from .inputs import CLOCK_SLACK_NS, absent_paths, still_valid
 from .store import Store, default_root, file_sha256
 from .trust import TrustPolicy, check_dir, load_policy, private_policy
 
@@ -416,8 +416,7 @@ class StubCache:
             os.close(fd)
 
     def _manifest_for(self, spec: StubSpec, base: str, result, sha: str, size: int) -> Manifest:
-        shadows = (result.inputs or {}).get("shadows") or {}
-        key = entry_key(base, result.headers, [c for _, cands in shadows.values() for c in cands])
+        key = entry_key(base, result.headers, absent_paths(result.inputs))
         return Manifest(
             key=key, base_key=base, name=spec.name, module_name=result.module_name,
             library=os.path.basename(result.library), sha256=sha, size=size,
@@ -452,6 +451,8 @@ class StubCache:
                              ", ".join(result.unstable[:3]), spec.name)
                 if retry:
                     self.store.rmtree(staging)
+                    # Past the clock slack, an edit made before now no longer looks concurrent.
+                    time.sleep(2 * CLOCK_SLACK_NS / 1e9)
                     return self._build_and_publish(spec, base, retry=False)
                 return self._private_build(spec, base, reason="inputs changed during the build")
             staged_entry = os.path.join(staging, "entry")

@@ -131,8 +131,8 @@ def _still_valid(files: dict, inputs: dict | None, memo_path: str | None) -> boo
     for directory, (dsig, candidates) in ((inputs or {}).get("shadows") or {}).items():
         if _dir_sig(directory) == dsig:
             continue
-        for cand in candidates:
-            if os.path.lexists(cand):
+        for rel in candidates:
+            if os.path.lexists(os.path.join(directory, rel)):
                 return False
     if learned and memo_path:
         from .fingerprint import _write_json
@@ -326,7 +326,7 @@ def track(deps: Iterable[str], build_dir: str, pinned: list[str], search: Search
             headers.append(path)
     record: dict = {"sigs": sigs}
     if search is not None:
-        record["shadows"] = shadow_candidates(headers, search)
+        record["shadows"] = shadow_candidates(headers, search, pinned)
     return Tracked(files, record, unstable)
 
 
@@ -339,12 +339,21 @@ def _driver_temporary(path: str) -> bool:
     return re.fullmatch(r"cc[A-Za-z0-9]{6}\.o", os.path.basename(path)) is not None
 
 
-def shadow_candidates(headers: list[str], search: SearchPath) -> dict:
-    """``{directory: [dir signature, [candidate paths]]}``: for each header found under search
-    directory D as ``rel``, the paths ``E/rel`` for every directory E searched before D (and every
-    directory the compiler skipped as missing) that do not exist now. Each candidate is filed
-    under its deepest existing ancestor, whose mtime changes when a name appears in it."""
+def shadow_candidates(headers: list[str], search: SearchPath, pinned: list[str] = ()) -> dict:
+    """``{directory: [dir signature, [names]]}``: for each header found under search directory D
+    as ``rel``, the paths ``E/rel`` for every directory E searched before D (and every directory
+    the compiler skipped as missing) that do not exist now. Each candidate is filed under its
+    deepest existing ancestor (whose mtime changes when a name appears in it), as a path relative
+    to it. Directories under a pinned prefix are left out: their contents are pinned by version
+    like the headers in them."""
     dirs = search.dirs
+
+    def unpinned(d: str) -> bool:
+        real = os.path.realpath(d).rstrip("/") + "/"
+        return not any(real.startswith(p) for p in pinned)
+
+    open_dirs = {d for d in dirs + search.missing if unpinned(d)}
+    missing = [d for d in search.missing if d in open_dirs]
     out: dict[str, list] = {}
     for header in headers:
         cands: set[str] = set()
@@ -352,8 +361,9 @@ def shadow_candidates(headers: list[str], search: SearchPath) -> dict:
             if not header.startswith(d.rstrip("/") + "/"):
                 continue
             rel = header[len(d.rstrip("/")) + 1:]
-            for e in dirs[:k] + search.missing:
-                cands.add(os.path.join(e, rel))
+            for e in dirs[:k] + missing:
+                if e in open_dirs:
+                    cands.add(os.path.join(e, rel))
         for c in sorted(cands):
             if os.path.lexists(c):
                 continue  # present and not chosen (#include_next, or another spelling)
@@ -363,5 +373,11 @@ def shadow_candidates(headers: list[str], search: SearchPath) -> dict:
             slot = out.get(anc)
             if slot is None:
                 slot = out[anc] = [_recordable(_dir_sig(anc)), []]
-            slot[1].append(c)
+            slot[1].append(os.path.relpath(c, anc))
     return out
+
+
+def absent_paths(record: dict | None) -> list[str]:
+    """The shadow candidates of a :func:`track` record, as absolute paths (for the entry key)."""
+    shadows = (record or {}).get("shadows") or {}
+    return [os.path.join(d, rel) for d, (_, names) in shadows.items() for rel in names]
