@@ -456,3 +456,28 @@ def test_a_shadow_candidate_the_compiler_does_not_choose_publishes_beside(cache_
     assert v2 == 1 and k2 != k1 and cxx.compiles() == 2
     v3, k3, _ = child(spec)
     assert (v3, k3) == (1, k2) and cxx.compiles() == 2
+
+
+@pytest.mark.parametrize("var", ["LD_RUN_PATH", "SOURCE_DATE_EPOCH", "CCC_OVERRIDE_OPTIONS", "NVCC_CCBIN",
+                                 "GNUTARGET", "LDEMULATION", "LIBRARY_PATH", "CPATH"])
+def test_toolchain_environment_is_in_the_key(tmp_path, monkeypatch, var):
+    from stubcache import fingerprint
+
+    spec = StubSpec("envkey", value_src("#define VAL 1"))
+    monkeypatch.delenv(var, raising=False)
+    fingerprint.reset_for_tests()
+    base = StubCache(tmp_path).key(spec)
+    monkeypatch.setenv(var, "/opt/x")
+    assert StubCache(tmp_path).key(spec) != base
+
+
+def test_only_unusual_locales_split_the_key(tmp_path, monkeypatch):
+    spec = StubSpec("lockey", value_src("#define VAL 1"))
+    for v in ("LC_ALL", "LC_CTYPE", "LANG"):
+        monkeypatch.delenv(v, raising=False)
+    base = StubCache(tmp_path).key(spec)
+    for value in ("C", "POSIX", "C.UTF-8", "en_US.UTF-8", "de_DE.utf8"):
+        monkeypatch.setenv("LANG", value)
+        assert StubCache(tmp_path).key(spec) == base, value
+    monkeypatch.setenv("LC_ALL", "ja_JP.eucJP")  # gcc would read sources in EUC-JP
+    assert StubCache(tmp_path).key(spec) != base
