@@ -276,9 +276,10 @@ def compiler_identity(command: str, state_dir: str | None) -> dict[str, Any]:
 
         def compute() -> dict:
             value = _probe_compiler([found, *words[1:]])
-            if driver:
-                value["real"]["driver"] = _tool(driver)
-                value["validators"].append([value["real"]["driver"]["path"], _sig(driver)])
+            tool = _tool(driver) if driver else None
+            if tool:
+                value["real"]["driver"] = tool
+                value["validators"].append([tool["path"], _sig(driver)])
             return value
 
         value = _memo(state_dir, memo_key, compute, valid=_real_tools_unchanged)
@@ -309,13 +310,33 @@ def wrapped_driver(words: list[str], found: str) -> str | None:
 
 
 def _run_text(cmd: list[str]) -> str:
+    return _run_all([cmd])[0]
+
+
+def _run_all(cmds: list[list[str]]) -> list[str]:
+    """Run commands concurrently; each one's stdout+stderr text (``<failed: …>`` if it could not
+    run). A cold host probes its compiler once; running the probes side by side keeps that short."""
     import subprocess
 
-    try:
-        return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60,
-                              check=False).stdout.decode("utf-8", "replace")
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"<failed: {exc}>"
+    procs: list = []
+    for cmd in cmds:
+        try:
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL))
+        except OSError as exc:
+            procs.append(f"<failed: {exc}>")
+    out = []
+    for p in procs:
+        if isinstance(p, str):
+            out.append(p)
+            continue
+        try:
+            out.append(p.communicate(timeout=60)[0].decode("utf-8", "replace"))
+        except subprocess.TimeoutExpired as exc:
+            p.kill()
+            p.communicate()
+            out.append(f"<failed: {exc}>")
+    return out
 
 
 def _file_sha256(path: str) -> str | None:
@@ -329,28 +350,35 @@ def _file_sha256(path: str) -> str | None:
         return None
 
 
-def _tool(path: str | None, version_arg: str | None = "--version") -> dict | None:
-    if not path:
+def _resolve_tool(path: str | None) -> str | None:
+    if not path or path.startswith("<failed"):
         return None
     if os.sep not in path:
         path = which(path)
-        if path is None:
-            return None
-    real = os.path.realpath(path)
-    out = {"path": real, "sha256": _file_sha256(real)}
-    if version_arg:
-        lines = _run_text([real, version_arg]).strip().splitlines()
-        out["version"] = lines[0] if lines else ""
-    return out
+    return os.path.realpath(path) if path else None
+
+
+def _tool(path: str) -> dict | None:
+    """A program by resolved path, SHA-256 and first line of ``--version``."""
+    real = _resolve_tool(path)
+    if real is None:
+        return None
+    lines = _run_text([real, "--version"]).strip().splitlines()
+    return {"path": real, "sha256": _file_sha256(real), "version": lines[0] if lines else ""}
 
 
 def _probe_compiler(cmd: list[str]) -> dict:
     """Run the driver (through whatever wraps it) to learn which programs it really runs."""
-    version = _run_text([*cmd, "--version"]).strip()
-    trace = _run_text([*cmd, "-###", "-x", "c++", "-c", os.devnull, "-o", os.devnull])
-    real: dict[str, Any] = {}
     import shlex
+    import threading
 
+    from .inputs import OWN_DIR_PROBES, compiler_dirs_from
+
+    version, trace, as_name, ld_name, *own = _run_all(
+        [[*cmd, "--version"], [*cmd, "-###", "-x", "c++", "-c", os.devnull, "-o", os.devnull],
+         [*cmd, "-print-prog-name=as"], [*cmd, "-print-prog-name=ld"]]
+        + [[*cmd, probe] for probe in OWN_DIR_PROBES])
+    cc1 = None
     for line in trace.splitlines():
         if line.startswith(" ") and "-###" not in line:
             try:
@@ -358,27 +386,46 @@ def _probe_compiler(cmd: list[str]) -> dict:
             except (ValueError, IndexError):
                 continue
             if os.path.isabs(first):
-                real["cc1"] = _tool(first, None)  # cc1plus has no useful --version of its own
+                cc1 = os.path.realpath(first)
                 break
+    as_path, ld_path = _resolve_tool(as_name.strip()), _resolve_tool(ld_name.strip())
+    # The three binaries are hashed on threads (hashlib releases the GIL) while the assembler
+    # and linker report their versions.
+    tools = [t for t in (cc1, as_path, ld_path) if t]
+    sums: dict[str, str | None] = {}
+    threads = [threading.Thread(target=lambda t=t: sums.__setitem__(t, _file_sha256(t))) for t in tools]
+    for t in threads:
+        t.start()
+    runs = [[as_path, "--version"]] if as_path else []
+    runs += [[ld_path, "--version"], [ld_path, "--help"]] if ld_path else []
+    texts = _run_all(runs)
+    for t in threads:
+        t.join()
+    real: dict[str, Any] = {}
+    if cc1:
+        real["cc1"] = {"path": cc1, "sha256": sums.get(cc1)}  # cc1plus has no --version of its own
     for line in trace.splitlines():
         if " version " in line and not line.startswith(" "):
             real["driver_version"] = line.strip()
             break
-    for prog in ("as", "ld"):
-        name = _run_text([*cmd, f"-print-prog-name={prog}"]).strip()
-        real[prog] = _tool(name) if name and not name.startswith("<failed") else None
-    # Facts the build needs about this compiler (its own directories, whose files the key pins
-    # by version; whether its linker writes a dependency file), probed once with the rest.
-    from .inputs import compiler_dirs
 
-    real["own_dirs"] = compiler_dirs(cmd)
-    ld_help = _run_text([real["ld"]["path"], "--help"]) if isinstance(real.get("ld"), dict) else ""
-    real["ld_depfile"] = "--dependency-file" in ld_help
+    def first_line(text: str) -> str:
+        lines = text.strip().splitlines()
+        return lines[0] if lines else ""
+
+    real["as"] = {"path": as_path, "sha256": sums.get(as_path), "version": first_line(texts.pop(0))} if as_path else None
+    real["ld"] = None
+    real["ld_depfile"] = False
+    if ld_path:
+        real["ld"] = {"path": ld_path, "sha256": sums.get(ld_path), "version": first_line(texts[0])}
+        real["ld_depfile"] = "--dependency-file" in texts[1]
+    # The compiler's own directories: their files are pinned by its version (see inputs.py).
+    real["own_dirs"] = compiler_dirs_from(own)
     validators = []
     for tool in real.values():
         if isinstance(tool, dict) and tool.get("path"):
             validators.append([tool["path"], _sig(tool["path"])])
-    return {"version": version, "real": real, "validators": validators}
+    return {"version": version.strip(), "real": real, "validators": validators}
 
 
 def _real_tools_unchanged(value: dict) -> bool:

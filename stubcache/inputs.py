@@ -204,15 +204,26 @@ def parse_search_path(text: str) -> SearchPath:
     return SearchPath(dirs, missing)
 
 
+OWN_DIR_PROBES = ("-print-file-name=include", "-print-libgcc-file-name")
+
+
 def compiler_dirs(cmd: list[str]) -> list[str]:
     """The compiler's own directory (gcc's ``lib/gcc/<target>/<version>``, clang's resource dir)."""
-    out: list[str] = []
-    for probe in ("-print-file-name=include", "-print-libgcc-file-name"):
+    outs = []
+    for probe in OWN_DIR_PROBES:
         try:
-            p = subprocess.run([*cmd, probe], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                               check=False, timeout=60).stdout.decode("utf-8", "replace").strip()
+            outs.append(subprocess.run([*cmd, probe], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                       check=False, timeout=60).stdout.decode("utf-8", "replace"))
         except (OSError, subprocess.SubprocessError):
-            continue
+            outs.append("")
+    return compiler_dirs_from(outs)
+
+
+def compiler_dirs_from(outputs: list[str]) -> list[str]:
+    """:func:`compiler_dirs` from the outputs of the :data:`OWN_DIR_PROBES`, in order."""
+    out: list[str] = []
+    for probe, text in zip(OWN_DIR_PROBES, outputs):
+        p = text.strip()
         if os.path.isabs(p) and os.path.exists(p):
             d = os.path.dirname(os.path.realpath(p))
             if probe.endswith("libgcc-file-name") and "/clang/" in d:
