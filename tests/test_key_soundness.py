@@ -481,3 +481,29 @@ def test_only_unusual_locales_split_the_key(tmp_path, monkeypatch):
         assert StubCache(tmp_path).key(spec) == base, value
     monkeypatch.setenv("LC_ALL", "ja_JP.eucJP")  # gcc would read sources in EUC-JP
     assert StubCache(tmp_path).key(spec) != base
+
+
+def test_inputs_that_keep_changing_are_never_published(cache_root, tmp_path, monkeypatch):
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    header = inc / "val.h"
+    header.write_text("#define VAL 1\n")
+    wrapper = tmp_path / "cxx-edit.sh"
+    wrapper.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        "{shutil.which('c++')}" "$@"; rc=$?
+        case " $* " in *main.cpp*) echo "#define VAL $$" > "{header}";; esac
+        exit $rc
+        """))
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("CXX", str(wrapper))
+    out = run_py("""
+        import os, stubcache
+        spec = stubcache.StubSpec("moving", '#include "val.h"\\nextern "C" int value(void) { return VAL; }',
+                                  extra_include_paths=[os.environ["INC"]])
+        e = stubcache.StubCache().get_or_build(spec)
+        print(e.published)
+    """, env={"INC": str(inc)}).stdout.split()
+    assert out == ["False"]  # loaded from a private build
+    entries = cache_root / "v1" / "entries"
+    assert not entries.exists() or not list(entries.iterdir())
