@@ -495,6 +495,22 @@ def _verify_rebuild(args: argparse.Namespace) -> int:
 # --- explain ---------------------------------------------------------------------------------
 
 
+def _stale_variants(store, keys: list[str]) -> dict[str, list[str]]:
+    """Entries of one base key whose tracked files changed since they were built: key -> why."""
+    from .inputs import changed_inputs
+
+    out = {}
+    for k in keys:
+        try:
+            m = store.read_manifest(k)
+        except (OSError, ValueError):
+            continue
+        reasons = changed_inputs(m.headers, m.inputs) if m.headers else []
+        if reasons:
+            out[k] = reasons
+    return out
+
+
 def _resolve(ref: str, args: argparse.Namespace, store) -> list[dict[str, Any]]:
     """A reference -> [{label, key, in_cache, preimage}] (a spec file may hold several specs)."""
     from .specref import SpecRefError, is_module_ref, load_specs
@@ -511,9 +527,13 @@ def _resolve(ref: str, args: argparse.Namespace, store) -> list[dict[str, Any]]:
         for spec in specs:
             key = cache.key(spec)
             keys = store.variant_keys(key) + [key]  # entries with tracked files are variants
-            in_cache = any(os.path.isdir(store.entry_dir(k)) for k in keys)
-            out.append({"label": f"{ref} ({spec.name})", "key": key, "in_cache": in_cache,
-                        "preimage": cache.preimage(spec)})
+            stale = _stale_variants(store, [k for k in keys if os.path.isdir(store.entry_dir(k))])
+            in_cache = any(os.path.isdir(store.entry_dir(k)) and k not in stale for k in keys)
+            item = {"label": f"{ref} ({spec.name})", "key": key, "in_cache": in_cache,
+                    "preimage": cache.preimage(spec)}
+            if stale and not in_cache:
+                item["stale"] = stale
+            out.append(item)
         return out
     if not re.fullmatch(r"[0-9a-f]{4,}", ref):
         raise UsageError(f"{ref!r} is neither a spec file, a MODULE:ATTR reference nor a key (hex, 4+ chars)")
@@ -558,7 +578,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     results = []
     for item in sides[0]:
         res = dict(item)
-        if not item["in_cache"]:
+        if not item["in_cache"] and not item.get("stale"):
             cands = {}
             name = (item["preimage"].get("spec") or {}).get("name")
             for k in store.entry_keys():
@@ -580,12 +600,16 @@ def cmd_explain(args: argparse.Namespace) -> int:
         _out(f"{res['label']}")
         _out(f"key: {res['key']}  ({'in the cache' if res['in_cache'] else 'not in the cache'})")
         _out(_table(["FIELD", "VALUE"], [[f, summarize(v, full)] for f, v in flatten(res["preimage"])]))
+        for k, reasons in (res.get("stale") or {}).items():
+            _out(f"entry {k} has this pre-image, but the files it read changed since it was built:")
+            for r in reasons[:20] if not full else reasons:
+                _out(f"  {r}")
         if "closest" in res:
             c = res["closest"]
             _out(f"closest cached entry of the same name: {c['key']} — {len(c['differences'])} field(s) differ:")
             _out(_table(["FIELD", "CACHED", "WANTED"], [[d["field"], summarize(d["cached"], full),
                                                          summarize(d["wanted"], full)] for d in c["differences"]]))
-        elif not res["in_cache"]:
+        elif not res["in_cache"] and not res.get("stale"):
             _out("no cached entry has this name")
         _out()
     return EXIT_OK

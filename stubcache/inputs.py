@@ -141,6 +141,29 @@ def _still_valid(files: dict, inputs: dict | None, memo_path: str | None) -> boo
     return True
 
 
+def changed_inputs(files: dict, inputs: dict | None) -> list[str]:
+    """Why an entry's tracked files no longer match, one line each (for ``stubcache explain``);
+    empty if they all do. Reads and hashes; remembers nothing."""
+    out = []
+    try:
+        for path, digest in files.items():
+            try:
+                actual = file_sha256(path)
+            except OSError as exc:
+                out.append(f"{path}: {exc.strerror or exc}")
+                continue
+            if actual != digest:
+                out.append(f"{path}: content changed")
+        for directory, (_, names) in ((inputs or {}).get("shadows") or {}).items():
+            for rel in names:
+                cand = os.path.join(directory, rel)
+                if os.path.lexists(cand):
+                    out.append(f"{cand}: new file, would be found before the tracked one")
+    except (TypeError, ValueError, AttributeError) as exc:
+        out.append(f"malformed tracked-input record ({exc})")
+    return out
+
+
 def _stable(path: str, sig: list) -> bool:
     """A hash may be memoised only if the file is not being written right now."""
     try:

@@ -507,3 +507,20 @@ def test_inputs_that_keep_changing_are_never_published(cache_root, tmp_path, mon
     assert out == ["False"]  # loaded from a private build
     entries = cache_root / "v1" / "entries"
     assert not entries.exists() or not list(entries.iterdir())
+
+
+def test_explain_names_the_tracked_file_that_changed(cache_root, tmp_path):
+    import json
+
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "val.h").write_text("#define VAL 1\n")
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps({"name": "explained", "cpp_sources": value_src('#include "val.h"'),
+                                     "extra_include_paths": [str(inc)]}))
+    assert _cli("warm", str(spec_file)).returncode == 0
+    (inc / "val.h").write_text("#define VAL 2\n")
+    out = _cli("explain", str(spec_file)).stdout
+    assert "not in the cache" in out and f"{inc / 'val.h'}: content changed" in out
+    (inc / "val.h").write_text("#define VAL 1\n")
+    assert "(in the cache)" in _cli("explain", str(spec_file)).stdout
