@@ -129,7 +129,8 @@ def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: 
         search = inputs.finish_search_path(probe)
     except (OSError, subprocess.SubprocessError):
         search = None
-    pinned = inputs.pinned_prefixes(_compiler_facts().get("own_dirs") or [], search or inputs.SearchPath([], []),
+    facts = _compiler_facts()
+    pinned = inputs.pinned_prefixes([*(facts.get("own_dirs") or []), *(facts.get("stdlib_dirs") or [])],
                                     torch_dir(), sysconfig.get_path("include", scheme="posix_prefix"))
     if spec.effective_with_cuda:
         home = _cuda_home()

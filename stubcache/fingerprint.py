@@ -271,7 +271,7 @@ def compiler_identity(command: str, state_dir: str | None) -> dict[str, Any]:
         driver = wrapped_driver(words, found)
         dsig = _sig(driver) if driver else None
         # A wrapper finds the real compiler on PATH, so PATH is part of what this memo means.
-        memo_key = (f"cc3:{command}:{found}:{path}:{st.st_size}:{st.st_mtime_ns}:{os.environ.get('PATH', '')}:"
+        memo_key = (f"cc4:{command}:{found}:{path}:{st.st_size}:{st.st_mtime_ns}:{os.environ.get('PATH', '')}:"
                     f"{driver and os.path.realpath(driver)}:{dsig}")
 
         def compute() -> dict:
@@ -313,7 +313,7 @@ def _run_text(cmd: list[str]) -> str:
     return _run_all([cmd])[0]
 
 
-def _run_all(cmds: list[list[str]]) -> list[str]:
+def _run_all(cmds: list[list[str]], env: dict | None = None) -> list[str]:
     """Run commands concurrently; each one's stdout+stderr text (``<failed: …>`` if it could not
     run). A cold host probes its compiler once; running the probes side by side keeps that short."""
     import subprocess
@@ -322,7 +322,7 @@ def _run_all(cmds: list[list[str]]) -> list[str]:
     for cmd in cmds:
         try:
             procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL))
+                                          stdin=subprocess.DEVNULL, env=env))
         except OSError as exc:
             procs.append(f"<failed: {exc}>")
     out = []
@@ -372,12 +372,15 @@ def _probe_compiler(cmd: list[str]) -> dict:
     import shlex
     import threading
 
-    from .inputs import OWN_DIR_PROBES, compiler_dirs_from
+    from .inputs import OWN_DIR_PROBES, compiler_dirs_from, parse_search_path
 
-    version, trace, as_name, ld_name, *own = _run_all(
+    # The default search list, without the include-path variables (they are user directories).
+    plain_env = {k: v for k, v in os.environ.items() if k not in ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH")}
+    version, trace, as_name, ld_name, defaults, *own = _run_all(
         [[*cmd, "--version"], [*cmd, "-###", "-x", "c++", "-c", os.devnull, "-o", os.devnull],
-         [*cmd, "-print-prog-name=as"], [*cmd, "-print-prog-name=ld"]]
-        + [[*cmd, probe] for probe in OWN_DIR_PROBES])
+         [*cmd, "-print-prog-name=as"], [*cmd, "-print-prog-name=ld"],
+         [*cmd, "-x", "c++", "-E", "-v", os.devnull, "-o", os.devnull]]
+        + [[*cmd, probe] for probe in OWN_DIR_PROBES], env=plain_env)
     cc1 = None
     for line in trace.splitlines():
         if line.startswith(" ") and "-###" not in line:
@@ -421,6 +424,9 @@ def _probe_compiler(cmd: list[str]) -> dict:
         real["ld_depfile"] = "--dependency-file" in texts[1]
     # The compiler's own directories: their files are pinned by its version (see inputs.py).
     real["own_dirs"] = compiler_dirs_from(own)
+    # Its C++ standard library headers (libstdc++'s /usr/include/c++/<v>, libc++'s
+    # include/c++/v1): default search directories with a c++ component.
+    real["stdlib_dirs"] = [d for d in parse_search_path(defaults).dirs if "/c++/" in d + "/"]
     validators = []
     for tool in real.values():
         if isinstance(tool, dict) and tool.get("path"):

@@ -256,18 +256,15 @@ def compiler_dirs_from(outputs: list[str]) -> list[str]:
     return out
 
 
-def pinned_prefixes(own_dirs: list[str], search: SearchPath, torch_dir: str | None, python_include: str | None
-                    ) -> list[str]:
-    """Resolved directories whose contents the fingerprint pins (see the module docstring);
-    ``own_dirs`` are the compiler's own (:func:`compiler_dirs`, memoised with its identity)."""
+def pinned_prefixes(own_dirs: list[str], torch_dir: str | None, python_include: str | None) -> list[str]:
+    """Resolved directories whose contents the fingerprint pins (see the module docstring):
+    ``own_dirs`` are the compiler's own directories and its C++ standard library's default
+    header directories (probed with its identity), then torch's and Python's."""
     roots = list(own_dirs)
     if torch_dir:
         roots += [os.path.join(torch_dir, "include"), os.path.join(torch_dir, "lib")]
     if python_include:
         roots.append(python_include)
-    # The C++ standard library's headers (libstdc++'s /usr/include/c++/<v>, libc++'s
-    # include/c++/v1) come with the compiler and change with its version.
-    roots += [d for d in search.dirs if "/c++/" in d + "/"]
     out = []
     for r in roots:
         real = os.path.realpath(r).rstrip("/") + "/"

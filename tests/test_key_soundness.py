@@ -524,3 +524,12 @@ def test_explain_names_the_tracked_file_that_changed(cache_root, tmp_path):
     assert "not in the cache" in out and f"{inc / 'val.h'}: content changed" in out
     (inc / "val.h").write_text("#define VAL 1\n")
     assert "(in the cache)" in _cli("explain", str(spec_file)).stdout
+
+
+def test_user_dir_named_like_a_standard_library_dir_is_tracked(cache_root, cxx, tmp_path):
+    d = tmp_path / "include" / "c++" / "12"
+    d.mkdir(parents=True)
+    (d / "val.h").write_text("#define VAL 1\n")
+    spec = {"name": "cxxdir", "cpp_sources": value_src('#include "val.h"'), "extra_include_paths": [str(d)]}
+    cycle(cxx, spec, lambda: (d / "val.h").write_text("#define VAL 2\n"),
+          lambda: (d / "val.h").write_text("#define VAL 1\n"))
