@@ -71,11 +71,14 @@ def build(spec: StubSpec, build_dir: str) -> BuildResult:
 # --- the direct path ------------------------------------------------------------------------
 
 
-def direct_command(spec: StubSpec, source: str, output: str, depfile: str) -> list[str]:
-    """The single compiler invocation equivalent to torch's compile + link steps (pure)."""
+def direct_command(spec: StubSpec, source: str, output: str, depfile: str,
+                   build_dir: str | None = None) -> list[str]:
+    """The single compiler invocation equivalent to torch's compile + link steps (pure).
+    With ``build_dir``, that directory is mapped to ``.`` in everything the library records."""
     import sysconfig
 
-    cmd = [*buildinputs.compiler_command(), "-MD", "-MF", depfile,
+    prefix_map = buildinputs.prefix_map_flags(build_dir) if build_dir else []
+    cmd = [*buildinputs.compiler_command(), *prefix_map, "-MD", "-MF", depfile,
            f"-DTORCH_EXTENSION_NAME={spec.name}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
     cmd += [f"-I{p}" for p in spec.extra_include_paths]
     system = []
@@ -100,8 +103,7 @@ def _build_direct(spec: StubSpec, build_dir: str) -> tuple[str, str, list[str]]:
     output = os.path.join(build_dir, f"{spec.name}.so")
     # Relative names (the compiler runs in build_dir) and the prefix map keep the random staging
     # path out of the library, so two builds of one key give identical bytes.
-    cmd = direct_command(spec, "main.cpp", f"{spec.name}.so", buildinputs.DEPFILE)
-    cmd[len(buildinputs.compiler_command()):len(buildinputs.compiler_command())] = buildinputs.prefix_map_flags(build_dir)
+    cmd = direct_command(spec, "main.cpp", f"{spec.name}.so", buildinputs.DEPFILE, build_dir)
     env = dict(os.environ, TMPDIR=build_dir)  # the compiler's temporary object: not under /tmp
     try:
         proc = subprocess.run(cmd, cwd=build_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False,

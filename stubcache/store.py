@@ -61,17 +61,6 @@ def try_flock_ex(fd: int) -> bool:
     return True
 
 
-def headers_match(headers: dict) -> bool:
-    """True if every recorded header still has the recorded content."""
-    for path, digest in headers.items():
-        try:
-            if file_sha256(path) != digest:
-                return False
-        except OSError:
-            return False
-    return True
-
-
 def default_root() -> str:
     """``STUBCACHE_DIR``, else ``platformdirs.user_cache_dir("stubcache")``."""
     env = os.environ.get("STUBCACHE_DIR")
