@@ -21,7 +21,8 @@ class Manifest:
         headers: every tracked file the build read (headers from anywhere the fingerprint does
             not pin, linker inputs), ``{path: sha256}``; part of the entry key.
         inputs: how to re-check them cheaply: ``{"sigs": {path: stat signature},
-            "shadows": {dir: [dir signature, [paths]]}}`` (see :mod:`stubcache.inputs`); may be
+            "shadows": {dir: [dir signature, [names relative to dir]]}}`` (see
+            :mod:`stubcache.inputs`); may be
             absent (``None``) in entries written before it existed.
         build_method: ``"direct"`` or ``"load_inline"``; build_seconds; build_log.
         created: creation time (seconds since the epoch); stubcache_version.

@@ -132,7 +132,8 @@ class StubSpec:
         cuda_sources: CUDA source text, compiled by nvcc into the same library.
         functions: names (or a dict name -> docstring) to bind as a Python module; needs torch headers.
         extra_cflags, extra_cuda_cflags, extra_ldflags: lists of extra flags.
-        extra_include_paths: ``-I`` directories; headers used from them are tracked by content.
+        extra_include_paths: ``-I`` directories. Every header a build reads (from these or from
+            anywhere else the fingerprint does not pin) is tracked by content.
         with_cuda: add CUDA headers/libraries; ``None`` means "if there are ``cuda_sources``".
         is_python_module: the library is a Python extension module (default ``False``: a plain
             shared library for ``ctypes``/``torch.ops``).
@@ -143,7 +144,8 @@ class StubSpec:
         builder: ``None`` (automatic), ``"direct"`` or ``"load_inline"``; see :attr:`build_method`.
             ``"direct"`` is refused for specs that need torch headers, a Python module or CUDA.
 
-    Invalid input raises ``TypeError``/``ValueError`` here, before anything touches disk.
+    Invalid input raises ``TypeError``/``ValueError`` here, before anything touches disk. A
+    spec is immutable (its key is memoised on it): use :meth:`replace` for a changed copy.
     """
 
     __slots__ = (
@@ -265,7 +267,9 @@ class StubSpec:
 
     @property
     def tracks_headers(self) -> bool:
-        """True when user include directories exist, so used headers are part of the key."""
+        """True when the flags name user include directories or files. Such a spec is looked up
+        again on every call in a process (its headers may change); others are memoised per
+        process. Either way every header a build read is part of the entry key."""
         return bool(self.extra_include_paths) or any(
             f.startswith(("-I", "-isystem", "-iquote", "-idirafter", "-include", "-imacros"))
             for f in self.extra_cflags
