@@ -48,7 +48,9 @@ spec = stubcache.StubSpec(os.environ.get("NAME", "fleet"), os.environ["SRC"])
 cache = stubcache.StubCache()
 entry = cache.get_or_build(spec)
 lib = cache.load_entry(entry)
-print(json.dumps({"value": lib.value(), "key": entry.key, "path": entry.path, "redis": "redis" in sys.modules}))
+# "key": what the fleet stores a blob under (the base key); the entry key adds tracked files.
+print(json.dumps({"value": lib.value(), "key": entry.manifest.base_key, "entry": entry.key, "path": entry.path,
+                  "redis": "redis" in sys.modules}))
 """
 
 
@@ -324,7 +326,11 @@ def test_hosts_with_different_fingerprints_never_share(redis, tmp_path, cxx):
     blob_a = r.get(PREFIX + a["key"])
     _, manifest, library = split(blob_a)
     m = json.loads(manifest)
-    m.update(key=b["key"], base_key=b["key"])  # a writer holding the secret, on another toolchain
+    from stubcache.inputs import absent_paths
+    from stubcache.key import entry_key
+
+    # A writer holding the secret, on another toolchain, with a self-consistent entry key.
+    m.update(key=entry_key(b["key"], m["headers"], absent_paths(m["inputs"])), base_key=b["key"])
     r.set(PREFIX + b["key"], encode(b["key"], json.dumps(m).encode(), library, SECRET.encode()))
     [(c, err)] = finish(engines([host_env(tmp_path, "c", redis.url, CXX=str(wrapper2))], value_src(3), 0))
     assert c["value"] == 3 and "pre-image differs" in err
@@ -355,7 +361,7 @@ def test_keys_are_host_independent_and_nothing_host_specific_is_in_them(redis, t
         assert proc.returncode == 0, proc.stderr
         outs.append(json.loads(proc.stdout))
     a, b = outs
-    assert a["key"] == b["key"] == a["entry"] == b["entry"]
+    assert a["key"] == b["key"] and a["entry"] == b["entry"]
     assert a["path"] != b["path"]
     lib_a, lib_b = Path(a["path"]).read_bytes(), Path(b["path"]).read_bytes()
     assert lib_a == lib_b  # reproducible: the same bytes on every host
@@ -464,3 +470,18 @@ def test_cli_ls_prune_doctor_remote(redis, tmp_path, cxx):
     assert {c["name"]: c["status"] for c in opt["checks"]}["remote connection"] == "error"
     st = cli("stats", env=env).stdout
     assert "remote uploads" in st
+
+
+def test_blob_built_from_files_that_differ_here_is_refused(redis, tmp_path, cxx):
+    """Blobs are stored under the base key; a host whose copy of a tracked file (here a header
+    found through CPATH) differs from the builder's refuses the blob and builds its own."""
+    inc = tmp_path / "sysinc"
+    inc.mkdir()
+    (inc / "val.h").write_text("#define VAL 1\n")
+    src = '#include <val.h>\nextern "C" int value(void) { return VAL; }\n'
+    [(a, _)] = finish(engines([host_env(tmp_path, "a", redis.url, CPATH=str(inc))], src, 0))
+    assert a["value"] == 1 and blob_keys(redis) == [a["key"]] and a["entry"] != a["key"]
+    (inc / "val.h").write_text("#define VAL 2\n")  # host b's copy of the header differs
+    [(b, err)] = finish(engines([host_env(tmp_path, "b", redis.url, CPATH=str(inc))], src, 0))
+    assert b["value"] == 2 and "differ on this host" in err
+    assert cxx.compiles() == 2

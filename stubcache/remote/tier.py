@@ -170,12 +170,22 @@ class RemoteTier:
             raise BlobError(f"unreadable manifest: {exc}") from None
         if manifest.library == MANIFEST_NAME or not manifest.library.endswith(".so"):
             raise BlobError(f"manifest names a bad library file {manifest.library!r}")
-        if manifest.key != key or manifest.base_key != key or manifest.headers:
+        # Blobs are stored under the base key; the entry key adds the files the build read.
+        if manifest.base_key != key or manifest.key != _entry_key_of(manifest):
             raise BlobError("manifest describes another key")
         if canonical_json(manifest.preimage) != expected:
             raise BlobError("manifest pre-image differs from this host's (another toolchain or spec)")
         if len(library) != manifest.size or hashlib.sha256(library).hexdigest() != manifest.sha256:
             raise BlobError("library does not match the manifest's size and sha256")
+        if manifest.headers:
+            from ..inputs import still_valid
+
+            try:
+                same = still_valid(manifest.headers, manifest.inputs)
+            except ValueError as exc:
+                raise BlobError(str(exc)) from None
+            if not same:
+                raise BlobError("it was built from headers or linker inputs that differ on this host")
         return manifest, library
 
     def fetch_or_claim(self, key: str, preimage: dict, name: str, budget: float,
@@ -270,16 +280,27 @@ class RemoteTier:
         if len(library) != manifest.size or hashlib.sha256(library).hexdigest() != manifest.sha256:
             _log.warning("stubcache: not uploading %s: the local library does not match its manifest", manifest.key)
             return
-        value = encode(manifest.key, manifest.dumps().encode("utf-8"), library, self.config.secret)
+        key = manifest.base_key  # what another host can compute before building
+        value = encode(key, manifest.dumps().encode("utf-8"), library, self.config.secret)
         try:
-            stored = self.backend.put_blob(manifest.key, value)
+            stored = self.backend.put_blob(key, value)
         except RemoteUnavailable as exc:
-            self.down(exc, manifest.key)
+            self.down(exc, key)
             return
         if stored:
-            self._event("upload", manifest.key, bytes=len(value))
+            self._event("upload", key, bytes=len(value))
         else:  # a blob this host refused is in the way: it stays until evicted or removed
-            _log.info("stubcache: not uploading %s: the remote store already holds a blob for it", manifest.key)
+            _log.info("stubcache: not uploading %s: the remote store already holds a blob for it", key)
+
+
+def _entry_key_of(manifest: Manifest) -> str | None:
+    from ..inputs import absent_paths
+    from ..key import entry_key
+
+    try:
+        return entry_key(manifest.base_key, manifest.headers, absent_paths(manifest.inputs))
+    except (TypeError, ValueError, AttributeError):
+        return None
 
 
 def _describe(lease: str | None) -> str:
