@@ -21,9 +21,11 @@ Nothing here imports more than ``os``; the build-time helpers start the compiler
 from __future__ import annotations
 
 import os
-import subprocess
 import time
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
+
+if TYPE_CHECKING:
+    import subprocess
 
 from .store import file_sha256
 
@@ -185,14 +187,18 @@ class SearchPath:
         self.missing = missing  # dirs the compiler ignored as nonexistent (they may appear later)
 
 
-def start_search_path(cmd: list[str], cwd: str | None = None) -> subprocess.Popen:
+def start_search_path(cmd: list[str], cwd: str | None = None) -> "subprocess.Popen":
     """Start the compiler ``cmd`` (with all include-affecting flags) reporting its search order."""
+    import subprocess
+
     return subprocess.Popen([*cmd, "-x", "c++", "-E", "-v", os.devnull, "-o", os.devnull],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd)
 
 
-def finish_search_path(proc: subprocess.Popen) -> SearchPath:
+def finish_search_path(proc: "subprocess.Popen") -> SearchPath:
     """Parse what :func:`start_search_path` printed."""
+    import subprocess
+
     try:
         out, _ = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
@@ -232,6 +238,8 @@ OWN_DIR_PROBES = ("-print-file-name=include", "-print-libgcc-file-name")
 
 def compiler_dirs(cmd: list[str]) -> list[str]:
     """The compiler's own directory (gcc's ``lib/gcc/<target>/<version>``, clang's resource dir)."""
+    import subprocess
+
     outs = []
     for probe in OWN_DIR_PROBES:
         try:
