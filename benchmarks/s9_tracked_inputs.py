@@ -56,27 +56,27 @@ def run(ctx: Ctx) -> dict:
         inc = ctx.fresh_dir(f"s9-inc-{d}")
         dirs.append(str(inc))
         for h in range(PER_DIR):
-            name = f"s8_d{d}_h{h}.h"
-            (inc / name).write_text(f"#pragma once\n#define S8_{d}_{h} {d * PER_DIR + h}\n"
+            name = f"s9_d{d}_h{h}.h"
+            (inc / name).write_text(f"#pragma once\n#define S9_{d}_{h} {d * PER_DIR + h}\n"
                                     + "/* padding */\n" * 40)
             includes.append(f'#include "{name}"')
-    src = ctx.work / "s8_headers.cpp"
+    src = ctx.work / "s9_headers.cpp"
     src.write_text("#include <stdint.h>\n" + "\n".join(includes)
-                   + '\nextern "C" int64_t s8_value(void) { return S8_4_9; }\n')
-    lean = ctx.work / "s8_lean.cpp"
-    lean.write_text('extern "C" int s8_value(void) { return 1; }\n')
+                   + '\nextern "C" int64_t s9_value(void) { return S9_4_9; }\n')
+    lean = ctx.work / "s9_lean.cpp"
+    lean.write_text('extern "C" int s9_value(void) { return 1; }\n')
     root = ctx.fresh_dir("s9-root")
     env = child_env(STUBCACHE_DIR=str(root))
-    built = run_json(BUILD, ["s8_headers", src, json.dumps(dirs)], env=env)
-    run_json(BUILD, ["s8_lean", lean, "[]"], env=env)
+    built = run_json(BUILD, ["s9_headers", src, json.dumps(dirs)], env=env)
+    run_json(BUILD, ["s9_lean", lean, "[]"], env=env)
     env["STUBCACHE_REQUIRE_HIT"] = "1"
     data: dict[str, list] = {k: [] for k in ("first", "check_first", "check_repeat", "old", "lean_first")}
     for _ in range(reps):
-        d = run_json(HIT, ["s8_headers", src, json.dumps(dirs)], env=env)
+        d = run_json(HIT, ["s9_headers", src, json.dumps(dirs)], env=env)
         assert d["ok"] and d["user"] == N_DIRS * PER_DIR, d
         for k in ("first", "check_first", "check_repeat", "old"):
             data[k].append(d[k])
-        data["lean_first"].append(run_json(HIT, ["s8_lean", lean, "[]"], env=env)["first"])
+        data["lean_first"].append(run_json(HIT, ["s9_lean", lean, "[]"], env=env)["first"])
     rows = [
         row("first hit in a fresh process", "stub with 50 user headers from 5 dirs + <stdint.h>", data["first"]),
         row("first hit in a fresh process", "stub with no includes", data["lean_first"]),
