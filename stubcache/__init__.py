@@ -11,6 +11,17 @@ Public surface::
 
 from __future__ import annotations
 
+import sys as _sys
+
+if "-m" in _sys.orig_argv and _sys.orig_argv[_sys.orig_argv.index("-m") + 1:][:1] == ["stubcache"]:
+    # `python -m stubcache` put the working directory first on sys.path; a module planted there
+    # (json.py, ctypes.py, a spec module for `warm`) must not be imported by an administrator's
+    # command. Dropped before anything else is imported. PYTHONPATH entries stay.
+    import os as _os
+
+    if _sys.path and not _sys.flags.safe_path and _sys.path[0] in ("", _os.getcwd()):
+        del _sys.path[0]
+
 from .cache import Entry, StubCache, __version__
 from .compat import default_cache, load, load_inline
 from .errors import (BuildError, CacheMissError, IntegrityError, LockTimeoutError, StubCacheError,

@@ -2,7 +2,9 @@
 ``SIGKILL`` itself when it reaches ``<point>`` (a real kill -9 at an exact moment).
 
 Points: ``after_build`` (library written, nothing published), ``before_publish`` (entry
-directory complete in staging), ``after_publish`` (renamed, before the lock is released).
+directory complete in staging), ``after_publish`` (renamed, before the lock is released);
+in prune, ``evict_locked`` (pin and build lock held) and ``evict_trashed`` (entry moved to
+trash). ``<point>:stop`` sends ``SIGSTOP`` instead (a stopped holder keeps its locks).
 Unset (the normal case) this costs one dict lookup per build, and nothing on the hit path.
 """
 
@@ -13,5 +15,8 @@ import signal
 
 
 def point(name: str) -> None:
-    if os.environ.get("STUBCACHE_FAULT") == name:
+    fault = os.environ.get("STUBCACHE_FAULT")
+    if fault == name:
         os.kill(os.getpid(), signal.SIGKILL)
+    elif fault == name + ":stop":  # SIGSTOP instead: a stopped process that keeps its locks
+        os.kill(os.getpid(), signal.SIGSTOP)

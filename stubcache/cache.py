@@ -8,7 +8,7 @@ import os
 import threading
 import time
 
-from . import _faults, _log, events, fingerprint
+from . import _faults, _log, events, fingerprint, fsroot
 from .errors import (BuildError, CacheMissError, IntegrityError, LockTimeoutError, StubCacheError,
                      TrustError)
 from .key import base_key, entry_key, preimage
@@ -16,13 +16,21 @@ from .manifest import MANIFEST_NAME, Manifest
 from .spec import StubSpec
 from .inputs import CLOCK_SLACK_NS, absent_paths, still_valid
 from .store import Store, default_root, file_sha256
-from .trust import TrustPolicy, check_dir, load_policy, private_policy
+from .trust import TrustPolicy, UntrustedRoot, check_dir, loader_policy, private_policy
 
 __version__ = "0.1.0"
 
 # errno values that mean "this root cannot take a build right now": degrade to a private build.
-_UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+_UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT, errno.EFBIG,
+               errno.ENOENT, errno.ENOTDIR)
 _warned_degraded: set[str] = set()  # roots this process has already warned about
+
+# Descriptors are per process, not per StubCache: many instances on one root share one pin per
+# entry and one open library per file, so creating instances does not leak descriptors.
+_PROCESS_LOCK = threading.RLock()
+_PINS: dict[tuple[str, str], int] = {}
+_LIB_FDS: dict[str, int] = {}
+_VERIFIED: dict[str, tuple] = {}
 
 
 class Entry:
@@ -104,11 +112,12 @@ class StubCache:
         self.seeds = [Store(s) for s in (seed_roots() if seeds is None else seeds)]
         self._lock_timeout = lock_timeout
         self._memo: dict[str, Entry] = {}
-        self._verified: dict[str, tuple] = {}
-        self._pins: dict[str, int] = {}
-        self._lib_fds: dict[str, int] = {}
+        self._verified = _VERIFIED
+        self._pins = _PINS
+        self._lib_fds = _LIB_FDS
         self._policies: dict[str, TrustPolicy] = {}
-        self._mutex = threading.RLock()
+        self._untrusted: dict[str, UntrustedRoot] = {}
+        self._mutex = _PROCESS_LOCK
         self._key_locks: dict[str, threading.Lock] = {}
         # The fleet tier (docs/remote.md): settings checked now, client made on the first miss.
         self._remote_config = _remote_config()
@@ -133,8 +142,9 @@ class StubCache:
         """Return the entry for ``spec``, building and publishing it once per host if needed.
 
         Raises :class:`BuildError` if the stub does not compile (nothing is published),
-        :class:`CacheMissError` on a miss when ``STUBCACHE_REQUIRE_HIT`` is set, and
-        :class:`TrustError` if a cache path fails the ownership/permission checks.
+        and :class:`CacheMissError` on a miss when ``STUBCACHE_REQUIRE_HIT`` is set. A root this
+        user does not trust (see docs/security.md) gives one warning and private builds; an entry
+        that fails the trust checks is never loaded: it is quarantined and rebuilt.
         """
         if not isinstance(spec, StubSpec):
             raise TypeError(f"get_or_build expects a StubSpec, got {type(spec).__name__}")
@@ -202,19 +212,40 @@ class StubCache:
             fp = dict(fp, native=fingerprint.native_target(spec.host_targets, state))
         return fp
 
+    def _lock_timeout_s(self) -> float:
+        from . import locking
+
+        return self._lock_timeout if self._lock_timeout is not None else locking.lock_timeout_from_env()
+
     def _policy(self, store: Store) -> TrustPolicy:
-        """The trust policy of a store, after checking its root directories (once per process)."""
+        """The trust policy of a store, after checking its root directories (once per process).
+        Raises :class:`UntrustedRoot` if this user has not chosen to trust the root."""
         policy = self._policies.get(store.root)
         if policy is None:
-            if not os.path.isdir(store.base):
-                return private_policy()
-            policy = load_policy(store.root)
+            known = self._untrusted.get(store.root)
+            if known is not None:
+                raise known
+            try:
+                os.lstat(store.root)
+            except OSError:
+                return private_policy()  # missing (created on first build) or unreachable (degrades)
+            try:
+                policy = loader_policy(store.root)
+                for path in (store.root, store.base, store.path("entries")):
+                    try:
+                        check_dir(path, "cache directory", policy)
+                    except FileNotFoundError:
+                        pass
+            except UntrustedRoot as exc:
+                self._untrusted[store.root] = exc
+                raise
+            except TrustError as exc:
+                # The root itself is unsafe (a link, writable by others, a bad config): not an
+                # error for the engine, a root it does not use (one warning, private builds).
+                err = UntrustedRoot(str(exc), "fix it as the message says, or run `stubcache doctor --fix`")
+                self._untrusted[store.root] = err
+                raise err from None
             store.shared = policy.shared
-            for path in (store.root, store.base, store.path("entries")):
-                try:
-                    check_dir(path, "cache directory", policy)
-                except FileNotFoundError:
-                    pass
             self._policies[store.root] = policy
         return policy
 
@@ -224,7 +255,11 @@ class StubCache:
                       file_mode=self.store.mode(0o600, 0o640), **extra)
 
     def _get_or_build(self, spec: StubSpec, base: str) -> Entry:
-        self._policy(self.store)  # checks the root, learns whether it is shared
+        t_start = time.time()
+        try:
+            self._policy(self.store)  # checks the root, learns whether it is shared
+        except UntrustedRoot as exc:
+            return self._untrusted_root(spec, base, exc)
         found = self._lookup_all(spec, base)
         if isinstance(found, Entry):
             self._event("hit", found.key, name=spec.name, seed=found.seed or None)
@@ -234,7 +269,8 @@ class StubCache:
             raise _require_hit_error(spec, base, self.root)
         from . import locking
 
-        timeout = self._lock_timeout if self._lock_timeout is not None else locking.lock_timeout_from_env()
+        # One bound for the whole start: time already spent waiting for a pin counts against it.
+        timeout = max(self._lock_timeout_s() - (time.time() - t_start), 0.0)
         t_wait = time.time()
         def published() -> bool:
             return bool(self.store.variant_keys(base)) or os.path.isdir(self.store.entry_dir(base))
@@ -265,13 +301,22 @@ class StubCache:
                 self._event("hit", found.key, name=spec.name, after_wait=True)
                 return found
             if isinstance(found, _Corrupt):
-                self.store.quarantine(found.key, found.reason)
+                try:
+                    self.store.quarantine(found.key, found.reason)
+                except OSError as exc:
+                    return self._degraded(spec, base, exc)
                 self._event("quarantine", found.key, reason=found.reason)
+            from .values import finite
+
             failure = self.store.read_failure(base)
-            if failure and isinstance(failure.get("time"), (int, float)) and failure["time"] >= t_wait:
+            # A failure recorded while we waited; a time in the future (clock skew, or a hostile
+            # member) proves nothing and must not block the key.
+            failed_at = finite(failure.get("time"), t_wait, time.time() + 1.0) if failure else None
+            if failed_at is not None:
                 raise BuildError(
                     f"error building stub {spec.name!r} (failed in pid {failure.get('pid')} while this "
-                    "process waited)", output=str(failure.get("output", "")), key=base, name=spec.name)
+                    "process waited)", output=str(failure.get("output", ""))[-(256 << 10):], key=base,
+                    name=spec.name)
             self._event("miss", base, name=spec.name)
             claim = None
             try:
@@ -304,6 +349,23 @@ class StubCache:
         finally:
             lock.release()
 
+    def _untrusted_root(self, spec: StubSpec, base: str, exc: UntrustedRoot) -> Entry:
+        """A root this user has not chosen to trust: seeds, else a private build (one warning)."""
+        for seed in self.seeds:
+            try:
+                found = self._lookup(seed, spec, base, seed=True)
+            except UntrustedRoot:
+                continue
+            if isinstance(found, Entry):
+                return found
+        if self.root not in _warned_degraded:
+            _warned_degraded.add(self.root)
+            _log.warning("stubcache: not using the cache at %s: %s; building privately (%s; see "
+                         "`stubcache doctor`)", self.root, exc, exc.how)
+        if _env_flag("STUBCACHE_REQUIRE_HIT"):
+            raise CacheMissError(f"STUBCACHE_REQUIRE_HIT is set and the cache at {self.root} is not trusted: {exc}")
+        return self._private_build(spec, base, reason=str(exc))
+
     def _degraded(self, spec: StubSpec, base: str, exc: OSError) -> Entry:
         if self.root not in _warned_degraded:
             _warned_degraded.add(self.root)
@@ -313,49 +375,46 @@ class StubCache:
 
     def _lookup_all(self, spec: StubSpec, base: str) -> "Entry | _Corrupt | None":
         for seed in self.seeds:
-            found = self._lookup(seed, spec, base, seed=True)
+            try:
+                found = self._lookup(seed, spec, base, seed=True)
+            except UntrustedRoot as exc:
+                if seed.root not in _warned_degraded:
+                    _warned_degraded.add(seed.root)
+                    _log.warning("stubcache: ignoring seed store %s: %s (%s)", seed.root, exc, exc.how)
+                continue
             if isinstance(found, Entry):
                 return found
             if isinstance(found, _Corrupt):
                 _log.warning("stubcache: ignoring seed entry %s in %s: %s", found.key, seed.root, found.reason)
-        return self._lookup(self.store, spec, base)
+        try:
+            return self._lookup(self.store, spec, base)
+        except UntrustedRoot:
+            return None  # get_or_build says so once and builds privately
 
     def _lookup(self, store: Store, spec: StubSpec, base: str, seed: bool = False) -> "Entry | _Corrupt | None":
         # Variants built with tracked input files (any header the fingerprint does not pin, any
         # linker input), then the plain entry of a build that read none.
-        for key in store.variant_keys(base) + [base]:
-            try:
-                manifest = store.read_manifest(key)
-            except FileNotFoundError:
-                if os.path.isdir(store.entry_dir(key)):
-                    return _Corrupt(key, "manifest missing")
-                continue
-            except OSError as exc:
-                if exc.errno == errno.ELOOP:
-                    raise TrustError(f"refusing manifest in {store.entry_dir(key)}: it is a symlink") from None
-                return _Corrupt(key, f"manifest unreadable: {exc}")
-            except ValueError as exc:
-                return _Corrupt(key, f"manifest unreadable: {exc}")
-            if manifest.key != key or manifest.base_key != base:
-                return _Corrupt(key, "manifest describes another key")
-            try:
-                if manifest.headers and not still_valid(manifest.headers, manifest.inputs,
-                                                        self._sig_memo(store, key)):
+        keys = store.variant_keys(base) + [base]
+        try:
+            entries_fd = store.dir("entries")
+        except OSError:
+            return None  # no entries/ (or something else in its place): nothing to find here
+        try:
+            for key in keys:
+                try:
+                    efd = os.open(fsroot.check_name(key), fsroot.O_DIR, dir_fd=entries_fd)
+                except FileNotFoundError:
                     continue
-            except ValueError as exc:  # same key, so a rebuild could never replace it: quarantine
-                return _Corrupt(key, str(exc))
-            entry = Entry(key, os.path.join(store.entry_dir(key), manifest.library), manifest, seed=seed,
-                          root=store.root)
-            try:
-                policy = self._policy(store)
-                if not seed:
-                    self._pin(key)
-                self._verify(entry, policy)
-            except FileNotFoundError:
-                continue  # removed under us (prune): a miss, rebuild
-            except IntegrityError as exc:
-                return _Corrupt(key, str(exc))
-            return entry
+                except OSError as exc:  # a symlink (ELOOP) or a file (ENOTDIR) where an entry should be
+                    return _Corrupt(key, f"entry is not a directory ({exc.strerror})")
+                try:
+                    found = self._lookup_at(store, efd, spec, base, key, seed, entries_fd)
+                finally:
+                    os.close(efd)
+                if found is not None:
+                    return found
+        finally:
+            os.close(entries_fd)
         return None
 
     def _sig_memo(self, store: Store, key: str) -> str | None:
@@ -370,13 +429,73 @@ class StubCache:
             tag = f"{key}-{hashlib.sha256(store.root.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
         return os.path.join(self.store.path("state"), f"inputs-{tag}.json")
 
-    def _pin(self, key: str) -> None:
-        if key not in self._pins:
-            self._pins[key] = self.store.pin(key)
-
-    def _open_checked(self, entry: Entry, policy: TrustPolicy | None = None) -> int:
+    def _lookup_at(self, store: Store, efd: int, spec: StubSpec, base: str, key: str,
+                   seed: bool, entries_fd: int) -> "Entry | _Corrupt | None":
         try:
-            fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            manifest = store.read_manifest_at(efd)
+        except FileNotFoundError:
+            return _Corrupt(key, "manifest missing")
+        except (OSError, ValueError) as exc:  # a FIFO, a link, garbage, an absurd size
+            return _Corrupt(key, f"manifest unreadable: {exc}")
+        if manifest.key != key or manifest.base_key != base:
+            return _Corrupt(key, "manifest describes another key")
+        try:
+            if manifest.headers and not still_valid(manifest.headers, manifest.inputs,
+                                                    self._sig_memo(store, key)):
+                return None
+        except ValueError as exc:  # same key, so a rebuild could never replace it: quarantine
+            return _Corrupt(key, str(exc))
+        entry = Entry(key, os.path.join(store.entry_dir(key), manifest.library), manifest, seed=seed,
+                      root=store.root)
+        try:
+            policy = self._policy(store)
+            if not seed:
+                self._pin(key)
+                # Pinned now: prune can no longer take it. Is the directory we read still the
+                # entry (not evicted between our open and our pin)?
+                if os.stat(key, dir_fd=entries_fd, follow_symlinks=False).st_ino != os.fstat(efd).st_ino:
+                    return None
+            self._verify(entry, policy, efd)
+        except FileNotFoundError:
+            return None  # removed under us (prune): a miss, rebuild
+        except IntegrityError as exc:
+            return _Corrupt(key, str(exc))
+        except UntrustedRoot:
+            raise
+        except TrustError as exc:
+            # Content this user does not trust (a link, another owner, writable by others):
+            # never loaded; moved aside and rebuilt like a corrupt entry, so that no one who
+            # can write an entry can stop everyone else's engines from starting.
+            return _Corrupt(key, str(exc))
+        return entry
+
+    def _pin(self, key: str) -> None:
+        """Pin an entry before it is used (prune skips pinned entries). Best-effort: a read-only
+        or unwritable root, or a pin held exclusively past the lock timeout, loads unpinned."""
+        slot = (self.root, key)
+        if slot in self._pins:
+            return
+        try:
+            fd = self.store.pin(key, self._lock_timeout)  # None: STUBCACHE_LOCK_TIMEOUT, read only if contended
+        except OSError as exc:
+            if exc.errno in _UNWRITABLE or isinstance(exc, fsroot.NotRegularFile):
+                return
+            raise
+        if fd is not None:
+            with self._mutex:
+                if slot in self._pins:
+                    os.close(fd)
+                else:
+                    self._pins[slot] = fd
+
+    def _open_checked(self, entry: Entry, policy: TrustPolicy | None = None, dir_fd: int | None = None) -> int:
+        try:
+            if dir_fd is None:
+                fd = fsroot.open_regular(None, entry.path)
+            else:
+                fd = fsroot.open_regular(dir_fd, entry.manifest.library)
+        except fsroot.NotRegularFile as exc:
+            raise IntegrityError(f"library {entry.path} {exc.strerror}") from None
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise TrustError(f"refusing library {entry.path}: it is a symlink; remove the entry "
@@ -397,17 +516,19 @@ class StubCache:
             raise
         return fd
 
-    def _verify(self, entry: Entry, policy: TrustPolicy) -> None:
-        """Checksum (first time per process), trust checks and a whole-entry shape check."""
+    def _verify(self, entry: Entry, policy: TrustPolicy, efd: int) -> None:
+        """Checksum (first time per process), trust checks and a whole-entry shape check, all on
+        the entry directory open as ``efd``."""
         if entry.path in self._verified:
             return
         edir = os.path.dirname(entry.path)
-        check_dir(edir, "cache entry", policy)
-        names = set(os.listdir(edir))
+        policy.check(os.fstat(efd), edir, "cache entry")
+        names = set(os.listdir(efd))
         expected = {MANIFEST_NAME, entry.manifest.library}
         if names != expected:
-            raise IntegrityError(f"entry has unexpected files {sorted(names ^ expected)}")
-        fd = self._open_checked(entry, policy)
+            raise IntegrityError(f"entry has unexpected files "
+                                 f"{fsroot.printable(sorted(names ^ expected))}")
+        fd = self._open_checked(entry, policy, efd)
         with self._mutex:
             # load_entry reuses this very fd (no second open). An fd already there may have been
             # dlopened by its /proc/self/fd name, so it is never closed (the name must not be reused).
@@ -432,7 +553,7 @@ class StubCache:
         staging = self.store.new_staging(base)
         try:
             build_dir = os.path.join(staging, "build")
-            os.mkdir(build_dir, 0o700)
+            fsroot.mkdir_mode(build_dir, self.store.mode(0o700, 0o2770))  # shared: the owner can clean it
             try:
                 result = build(spec, build_dir)
             except BuildError as exc:
@@ -456,7 +577,7 @@ class StubCache:
                     return self._build_and_publish(spec, base, retry=False)
                 return self._private_build(spec, base, reason="inputs changed during the build")
             staged_entry = os.path.join(staging, "entry")
-            os.mkdir(staged_entry, 0o700)
+            fsroot.mkdir_mode(staged_entry, self.store.mode(0o700, 0o2770))
             lib = os.path.join(staged_entry, os.path.basename(result.library))
             os.rename(result.library, lib)
             manifest = self._manifest_for(spec, base, result, file_sha256(lib), os.path.getsize(lib))
@@ -486,7 +607,7 @@ class StubCache:
         staging = self.store.new_staging(base)
         try:
             staged_entry = os.path.join(staging, "entry")
-            os.mkdir(staged_entry, 0o700)
+            fsroot.mkdir_mode(staged_entry, self.store.mode(0o700, 0o2770))
             fd = os.open(os.path.join(staged_entry, manifest.library),
                          os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:

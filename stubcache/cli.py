@@ -26,6 +26,8 @@ import sys
 import time
 from typing import Any, Callable, Sequence
 
+from .errors import StubCacheError
+
 EXIT_OK = 0
 EXIT_PROBLEMS = 1
 EXIT_USAGE = 2
@@ -49,8 +51,11 @@ def _err(text: str) -> None:
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[int] = ()) -> str:
-    """A plain text table; columns in ``right`` are right-aligned."""
-    cells = [[str(c) for c in headers]] + [[str(c) for c in r] for r in rows]
+    """A plain text table; columns in ``right`` are right-aligned. Cells are escaped: names and
+    values come from files that someone else may have written (no terminal control sequences)."""
+    from .fsroot import printable
+
+    cells = [[str(c) for c in headers]] + [[printable(c, 4000) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     lines = []
     for r in cells:
@@ -219,8 +224,10 @@ def cmd_ls(args: argparse.Namespace) -> int:
                   "created", "last_used", "in_use", "path", "error"]
         w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
         w.writeheader()
+        from .fsroot import printable
+
         for e in entries:
-            w.writerow(e.to_json())
+            w.writerow({k: printable(v, 4000) if isinstance(v, str) else v for k, v in e.to_json().items()})
         sys.stdout.write(buf.getvalue())
     else:
         headers, rows = _ls_rows(entries, now, args.verbose > 0)
@@ -283,8 +290,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
     entries = scan_entries(store, probe_in_use=False)
     totals = fold_events(store.path("events"))
     try:
-        qitems = len(os.listdir(store.path("quarantine")))
-    except FileNotFoundError:
+        with store.at("quarantine") as qfd:
+            qitems = len(os.listdir(qfd))
+    except OSError:
         qitems = 0
     s = compute_stats(store.root, entries, totals, qitems)
     if args.format == "json":
@@ -417,18 +425,25 @@ def cmd_clear(args: argparse.Namespace) -> int:
 def _clear_events(store) -> int:
     """Delete event files of processes that are gone (a live process keeps appending to its own
     and holds a shared flock on it)."""
-    from .stats import file_finished
+    from . import fsroot
+    from .stats import file_finished_at
 
     removed = 0
-    edir = store.path("events")
-    for name in os.listdir(edir) if os.path.isdir(edir) else []:
-        if name.endswith(".jsonl") and not file_finished(os.path.join(edir, name)):
-            continue
-        try:
-            os.unlink(os.path.join(edir, name))
-            removed += 1
-        except OSError:
-            pass
+    try:
+        dfd = store.dir("events")
+    except OSError:
+        return 0
+    try:
+        for name in os.listdir(dfd):
+            if name.endswith(".jsonl") and not file_finished_at(dfd, name):
+                continue
+            try:
+                if fsroot.rmtree_at(dfd, name):
+                    removed += 1
+            except (OSError, ValueError):
+                pass
+    finally:
+        os.close(dfd)
     return removed
 
 
@@ -860,6 +875,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         _err("interrupted")
         return EXIT_INTERRUPTED
+    except (StubCacheError, OSError) as exc:
+        # A hostile or broken root gets a one-line message, never a traceback.
+        from .fsroot import printable
+
+        _err(printable(exc, 2000))
+        return EXIT_PROBLEMS
     except BrokenPipeError:
         try:
             sys.stdout = open(os.devnull, "w")

@@ -84,10 +84,31 @@ def check_root(root: str) -> list[Check]:
     if not os.path.lexists(root):
         out.append(Check("root", "ok", f"{root} does not exist yet; it is created (mode 0700) on first use"))
         return out
+    from .trust import UntrustedRoot, loader_policy
+
     try:
         policy = load_policy(root)
+    except UntrustedRoot as exc:
+        return [Check("trust", "warn", f"{exc}; engines build privately and share nothing", exc.how)]
     except TrustError as exc:
         return [Check("config", "error", str(exc), "recreate the root with `stubcache init`")]
+    try:
+        loader_policy(root)
+        out.append(Check("trust", "ok", "you trust this root (owned by you or root, or listed in "
+                                        "STUBCACHE_TRUSTED_ROOTS or your trusted-roots file)"))
+    except UntrustedRoot as exc:
+        out.append(Check("trust", "warn", f"{exc}; engines build privately and share nothing", exc.how))
+    except TrustError:
+        pass  # reported below, path by path
+    if policy.shared:
+        out += check_shared_layout(root, policy)
+    store = Store(root)
+    odd = [n for n in store.entry_names() if n not in set(store.entry_keys())]
+    if odd:
+        from .fsroot import printable
+
+        out.append(Check("entries", "warn", f"{len(odd)} name(s) under {store.path('entries')} are not entry "
+                         f"keys and are ignored: {printable(odd[:5])}", "remove them (nothing reads them)"))
     bad = []
     for p in _layout_paths(root):
         try:
@@ -108,6 +129,50 @@ def check_root(root: str) -> list[Check]:
     return out
 
 
+def check_shared_layout(root: str, policy) -> list[Check]:
+    """Every deviation from the shared layout that stops members from sharing or the owner from
+    cleaning up: a layout directory missing or not ``2770`` in the trusted group (the root
+    ``2750``), entry directories not ``2775``, pin and lock files not ``0660``. Read-only."""
+    from . import fsroot
+    from .shared import SHARED_DIR_MODE, SHARED_ENTRY_MODE, SHARED_ROOT_MODE
+
+    store = Store(root)
+    found: list[str] = []
+
+    def judge(st: os.stat_result, want: int, label: str) -> None:
+        mode = stat.S_IMODE(st.st_mode)
+        if mode != want or st.st_gid != policy.gid:
+            found.append(f"{fsroot.printable(label)} is mode {mode:o} group {st.st_gid} (want {want:o} group {policy.gid})")
+
+    try:
+        judge(os.lstat(root), SHARED_ROOT_MODE, root)
+        judge(os.lstat(store.base), SHARED_DIR_MODE, store.base)
+        with fsroot.Dir(store.base) as bfd:
+            for sub in SUBDIRS:
+                try:
+                    judge(fsroot.lstat_at(bfd, sub), SHARED_DIR_MODE, store.path(sub))
+                except FileNotFoundError:
+                    found.append(f"{store.path(sub)} is missing")
+        with store.at("entries") as efd:
+            for key in store.entry_keys():
+                judge(fsroot.lstat_at(efd, key), SHARED_ENTRY_MODE, store.entry_dir(key))
+        for sub in ("pins", "locks"):
+            with store.at(sub) as sfd:
+                for name in fsroot.listdir(sfd):
+                    st = fsroot.lstat_at(sfd, name)
+                    if not stat.S_ISREG(st.st_mode):
+                        found.append(f"{fsroot.printable(store.path(sub, name))} is a {fsroot.kind(st.st_mode)}")
+                    else:
+                        judge(st, 0o660, store.path(sub, name))
+    except OSError as exc:
+        found.append(f"cannot read the layout: {fsroot.printable(exc)}")
+    if not found:
+        return [Check("shared layout", "ok", f"every directory and lock file has the shared mode and group {policy.group}")]
+    more = f" (and {len(found) - 5} more)" if len(found) > 5 else ""
+    return [Check("shared layout", "error", "; ".join(found[:5]) + more,
+                  "stubcache doctor --fix (as the root's owner, or as root)")]
+
+
 def fix_permissions(root: str) -> list[str]:
     """Repair what ``check_root`` reports on paths you own: drop group/other write (private
     roots) or restore the shared modes. Works through ``O_NOFOLLOW`` fds; symlinks, odd file
@@ -116,13 +181,23 @@ def fix_permissions(root: str) -> list[str]:
     from .trust import load_policy
 
     policy = load_policy(root)
-    store = Store(root)
-    entry_dirs = {store.entry_dir(k) for k in store.entry_keys()}
+    store = Store(root, shared=policy.shared)
     done = []
+    if policy.shared and os.path.isdir(store.base):
+        try:
+            missing = [s for s in SUBDIRS if not os.path.lexists(store.path(s))]
+            if missing:
+                store.ensure(force=True)
+                done += [f"created {store.path(s)}" for s in missing]
+        except OSError as exc:
+            done.append(f"skipped: cannot create layout directories: {exc}")
+    entry_dirs = {store.entry_dir(k) for k in store.entry_keys()}
     for p in _layout_paths(root):
         st = os.lstat(p)
-        if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid():
+        if stat.S_ISLNK(st.st_mode) or (st.st_uid != os.geteuid() and os.geteuid() != 0):
             continue
+        if policy.shared and p in entry_dirs:
+            continue  # fix_shared_files does these through the entries directory's fd
         mode = stat.S_IMODE(st.st_mode)
         if policy.shared:
             want = (SHARED_ROOT_MODE if p == root else SHARED_ENTRY_MODE if p in entry_dirs
@@ -133,6 +208,13 @@ def fix_permissions(root: str) -> list[str]:
             if set_mode(p, want, policy.gid if policy.shared else None, directory=True):
                 done.append(f"chmod {want:o} {p}" + (f" (group {policy.group})" if policy.shared else ""))
         except ValueError as exc:
+            done.append(f"skipped: {exc}")
+    if policy.shared and os.path.isdir(store.base):
+        from .shared import fix_shared_files
+
+        try:
+            done += fix_shared_files(store, policy.gid)
+        except OSError as exc:
             done.append(f"skipped: {exc}")
     return done
 

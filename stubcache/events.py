@@ -32,14 +32,24 @@ def record(events_dir: str, event: str, key: str = "", seconds: float | None = N
             fd = _fds.get(events_dir)
             pid = os.getpid()
             if fd is None or _fds.get(events_dir + ":pid") != pid:  # reopen after fork
-                path = os.path.join(events_dir, f"{os.uname().nodename}-{pid}-{os.urandom(6).hex()}.jsonl")
-                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-                             | os.O_NOFOLLOW, file_mode)
+                from . import fsroot
+
+                name = f"{fsroot.check_name(os.uname().nodename)}-{pid}-{os.urandom(6).hex()}.jsonl"
+                dfd = fsroot.open_dir(events_dir)  # a planted link in its place is not followed
+                try:
+                    fd = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+                                 | os.O_NOFOLLOW, file_mode, dir_fd=dfd)
+                finally:
+                    os.close(dfd)
                 if file_mode != 0o600:
                     os.fchmod(fd, file_mode)
-                fcntl.flock(fd, fcntl.LOCK_SH)  # "alive" marker, before any write; dropped at exit
+                try:  # "alive" marker, before any write; dropped at exit. Never waits.
+                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except OSError:
+                    os.close(fd)
+                    raise
                 _fds[events_dir] = fd
                 _fds[events_dir + ":pid"] = pid
             os.write(fd, line)
-    except OSError:
+    except (OSError, ValueError):
         pass  # counters must never break a load

@@ -138,19 +138,29 @@ def _cxx11_abi(tdir: str, state_dir: str | None) -> int | None:
 
 def _write_json(path: str, data: dict) -> None:
     """Best-effort atomic write of a memo (readers see the old file or the new one)."""
+    from . import fsroot
+
     try:
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(data, fh)
-        os.replace(tmp, path)
-    except OSError:
+        parent, name = os.path.split(path)
+        with fsroot.Dir(parent) as dfd:  # never through a planted link (O_EXCL temp, dir fd)
+            fsroot.replace_at(dfd, name, json.dumps(data).encode(), 0o644)
+    except (OSError, ValueError):
         pass
+
+
+def _load_json(path: str):
+    """A memo's JSON: a regular file only, size-capped (a FIFO planted in state/ cannot hang a start)."""
+    from . import fsroot
+
+    try:
+        return json.loads(fsroot.read_at(None, path, fsroot.SMALL_CAP * 16))
+    except RecursionError:
+        raise ValueError("nests too deeply") from None
 
 
 def _read_memo(path: str, memo_key: str):
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+        data = _load_json(path)
         if data.get("memo_key") == memo_key:
             return data["value"]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -178,19 +188,20 @@ MEMO_LOCK_WAIT = 90.0  # seconds; longer than the probe's own 60 s timeout
 
 def _flock_within(fd: int, seconds: float) -> bool:
     """Exclusive flock, waiting at most ``seconds`` (a stopped holder must not hang start-up)."""
-    import time
+    from .store import flock_within
 
-    deadline = time.monotonic() + seconds
-    delay = 0.002
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except OSError:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
+    return flock_within(fd, fcntl.LOCK_EX, seconds)
+
+
+def _memo_wait() -> float:
+    """The memo lock's bound: ``STUBCACHE_LOCK_TIMEOUT`` when smaller than ``MEMO_LOCK_WAIT``
+    (a group member holding the lock costs at most that, then we compute it ourselves)."""
+    from .locking import lock_timeout_from_env
+
+    try:
+        return min(MEMO_LOCK_WAIT, lock_timeout_from_env())
+    except ValueError:
+        return MEMO_LOCK_WAIT
 
 
 def _memo(state_dir: str | None, memo_key: str, compute, valid=None) -> dict:
@@ -220,10 +231,16 @@ def _memo(state_dir: str | None, memo_key: str, compute, valid=None) -> dict:
     except OSError:
         lock_fd = -1  # read-only root or another user's lock file: compute without sharing
     try:
-        if lock_fd >= 0 and _flock_within(lock_fd, MEMO_LOCK_WAIT):
+        if lock_fd >= 0 and _flock_within(lock_fd, _memo_wait()):
             value = _read_memo(path, memo_key)
             if value is not None and (valid is None or valid(value)):
                 return value
+        elif lock_fd >= 0:
+            from . import _log
+            from .store import describe_holders
+
+            _log.warning("stubcache: the toolchain memo lock %s.lock is held by %s past %.0fs; probing "
+                         "without it", path, describe_holders(lock_fd), _memo_wait())
         value = compute()
         _write_json(path, {"memo_key": memo_key, "value": value})
         return value
@@ -558,8 +575,7 @@ def _fast_memo_get(state_dir: str | None, env: dict) -> dict | None:
     if not state_dir:
         return None
     try:
-        with open(_fast_memo_path(state_dir, env), encoding="utf-8") as fh:
-            data = json.load(fh)
+        data = _load_json(_fast_memo_path(state_dir, env))
         for path, sig in data["validators"]:
             if _sig(path) != sig:
                 return None

@@ -88,13 +88,14 @@ def still_valid(files: dict, inputs: dict | None, memo_path: str | None = None) 
 def _read_sig_memo(path: str | None) -> dict:
     if not path:
         return {}
-    try:
-        with open(path, encoding="utf-8") as fh:
-            import json
+    import json
 
-            data = json.load(fh)
+    from . import fsroot
+
+    try:  # in the root's state/: a regular file only, size-capped (a planted FIFO must not hang)
+        data = json.loads(fsroot.read_at(None, path, fsroot.SMALL_CAP * 16))
         return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
 
 

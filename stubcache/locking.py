@@ -30,13 +30,22 @@ def lock_timeout_from_env() -> float:
     return value
 
 
-def describe_holder(store: Store, base: str) -> str:
+def describe_holder(store: Store, base: str, fd: int | None = None) -> str:
+    """Who holds the build of ``base``: its lease file (written by the holder; every value is
+    checked and escaped, as a group member may have written it), else ``/proc/locks``."""
+    from .fsroot import printable
+    from .store import describe_holders
+    from .values import finite
+
     lease = store.read_lease(base)
     if not lease:
-        return "an unknown process (no lease file)"
-    started = lease.get("started")
-    age = f", building for {time.time() - started:.0f}s" if isinstance(started, (int, float)) else ""
-    return f"pid {lease.get('pid')} on {lease.get('host')} ({lease.get('name')}{age})"
+        who = describe_holders(fd) if fd is not None else "an unknown process"
+        return f"{who} (no lease file)"
+    started = finite(lease.get("started"), 0.0, time.time() + 1.0)
+    age = f", building for {time.time() - started:.0f}s" if started is not None else ""
+    pid = lease.get("pid") if isinstance(lease.get("pid"), int) and not isinstance(lease.get("pid"), bool) else "?"
+    return (f"pid {pid} on {printable(lease.get('host'), 64)} "
+            f"({printable(lease.get('name'), 64)}{age})")
 
 
 class HeldLock:
@@ -82,11 +91,11 @@ def acquire(store: Store, base: str, timeout: float, name: str, published=None) 
             if now >= deadline:
                 raise LockTimeoutError(
                     f"timed out after {timeout:.0f}s waiting for the build of {name!r} (key {base}) held "
-                    f"by {describe_holder(store, base)}; raise STUBCACHE_LOCK_TIMEOUT if builds are slow")
+                    f"by {describe_holder(store, base, fd)}; raise STUBCACHE_LOCK_TIMEOUT if builds are slow")
             if notice_at is not None and now >= notice_at:
                 notice_at = None
                 _log.warning("stubcache: waiting for %s to finish building %r (key %s)",
-                             describe_holder(store, base), name, base)
+                             describe_holder(store, base, fd), name, base)
             time.sleep(min(delay, max(deadline - now, 0.0)))
             delay = min(delay * 1.5, 0.01)  # the probe is one stat: cheap to ask often
             if published is not None and published():

@@ -22,14 +22,13 @@ inode they locked with the one now at the path, and does not trust the orphaned 
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .scan import CacheScan, EntryRecord, Leftover, flock_held, pid_alive
-from .store import Store
+from . import _faults, fsroot
+from .scan import CacheScan, EntryRecord, Leftover, pid_alive
+from .store import Store, is_key
 from .store import try_flock_ex as _try_flock
 from .units import human_age, human_size
 
@@ -156,6 +155,7 @@ def toolchain_mismatch(entry_fp: dict[str, Any], current_fp: dict[str, Any]) -> 
 
 
 def _entry_item(e: EntryRecord, reason: str) -> PlanItem:
+    reason = fsroot.printable(reason, 500)  # built from manifest values
     if e.in_use:
         return PlanItem("entry", e.path, e.name, e.size, f"{reason}; in use by a live process",
                         action="skip", key=e.key, base_key=e.base_key)
@@ -238,17 +238,23 @@ def evict_entry(store: Store, key: str, base_key: str | None = None) -> str:
     Takes ``LOCK_EX|LOCK_NB`` on ``pins/<key>`` (the same inode readers lock) and on the build
     lock of ``base_key``, renames the entry into ``trash/`` and deletes it there, then releases.
     """
+    fsroot.check_name(key)
+    if base_key is None or not is_key(base_key):
+        base_key = key  # a manifest's value never becomes a path
     pin = store.pin_path(key)
     try:
         fd = store.open_lock_file(pin)
     except FileNotFoundError:
         return "gone"  # no pins/ directory: no layout here
+    except fsroot.NotRegularFile:
+        return "failed: its pin is not a regular file (run `stubcache doctor`)"
     lock_fd = -1
     try:
         if not _try_flock(fd):
             return "in use"
         try:
-            same = os.fstat(fd).st_ino == os.stat(pin).st_ino
+            with store.at("pins") as pfd:
+                same = os.fstat(fd).st_ino == os.stat(key, dir_fd=pfd, follow_symlinks=False).st_ino
         except FileNotFoundError:
             same = False
         if not same:
@@ -256,21 +262,23 @@ def evict_entry(store: Store, key: str, base_key: str | None = None) -> str:
             # which our lock does not cover. Leave the entry for the next run.
             return "in use"
         try:
-            lock_fd = os.open(store.lock_path(base_key or key), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            lock_fd = store.open_lock_file(store.lock_path(base_key), create=False)
         except FileNotFoundError:
             lock_fd = -1  # never built here (or lock not created yet): no builder to protect
+        except fsroot.NotRegularFile:
+            return "failed: its build lock is not a regular file (run `stubcache doctor`)"
         if lock_fd >= 0 and not _try_flock(lock_fd):
             return "being published"
+        _faults.point("evict_locked")
         trashed = store.trash(key)
         if trashed is None:
             return "gone"
-        store.rmtree(trashed)
+        _faults.point("evict_trashed")
+        store.remove_in("trash", os.path.basename(trashed))
         # Safe while we hold it exclusively: Store.pin re-checks the inode after locking, so a
         # reader that opened this file just before the unlink takes a fresh pin instead.
-        try:
-            os.unlink(store.pin_path(key))
-        except FileNotFoundError:
-            pass
+        with store.at("pins") as pfd:
+            fsroot.unlink_at(pfd, key)
         return "removed"
     finally:
         if lock_fd >= 0:
@@ -280,41 +288,37 @@ def evict_entry(store: Store, key: str, base_key: str | None = None) -> str:
 
 def _remove_lease(store: Store, item: PlanItem) -> str:
     name = item.name
-    if name.endswith(".tmp"):
+    base = name[:-5] if name.endswith(".json") else None
+    if name.endswith(".tmp") or base is None or not is_key(base):
         if item.pid is not None and pid_alive(item.pid):
             return "in use"
-        return _unlink(item.path)
-    base = name[:-5] if name.endswith(".json") else name
-    lock = store.lock_path(base)
+        return _remove(store, "leases", name)
     try:
-        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = store.open_lock_file(store.lock_path(base), create=False)
     except FileNotFoundError:
-        return _unlink(item.path)
+        return _remove(store, "leases", name)
+    except fsroot.NotRegularFile:
+        return "failed: its build lock is not a regular file (run `stubcache doctor`)"
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                return "in use"
-            raise
-        return _unlink(item.path)
+        if not _try_flock(fd):
+            return "in use"
+        return _remove(store, "leases", name)
     finally:
         os.close(fd)
 
 
-def _unlink(path: str) -> str:
+def _remove(store: Store, area: str, name: str) -> str:
+    """Remove ``v1/<area>/<name>`` (whatever it is) through a descriptor of ``area``; nothing is
+    followed and no mode is changed except, through its own descriptor, on a directory we own."""
     try:
-        os.unlink(path)
+        with store.at(area) as fd:
+            try:
+                fsroot.lstat_at(fd, name)
+            except FileNotFoundError:
+                return "gone"
+            return "removed" if fsroot.rmtree_at(fd, name) else "failed: could not remove everything"
     except FileNotFoundError:
         return "gone"
-    return "removed"
-
-
-def _remove_tree(path: str) -> str:
-    if not os.path.lexists(path):
-        return "gone"
-    Store.rmtree(path)
-    return "removed" if not os.path.lexists(path) else "failed: could not remove everything"
 
 
 def execute_item(store: Store, item: PlanItem) -> str:
@@ -322,19 +326,27 @@ def execute_item(store: Store, item: PlanItem) -> str:
     if item.kind == "entry":
         assert item.key is not None
         return evict_entry(store, item.key, item.base_key)
+    fsroot.check_name(item.name)
     if item.kind == "staging":
         base = item.name.split("-", 1)[0]
-        if (item.pid is not None and pid_alive(item.pid)) or flock_held(store.lock_path(base)):
+        if item.pid is not None and pid_alive(item.pid):
             return "in use"
-        return _remove_tree(item.path)
+        if is_key(base):
+            try:
+                with store.at("locks") as lfd:
+                    if fsroot.flock_held_at(lfd, f"{base}.lock"):
+                        return "in use"
+            except FileNotFoundError:
+                pass
+        return _remove(store, "staging", item.name)
     if item.kind == "lease":
         return _remove_lease(store, item)
     if item.kind == "trash":
         if item.pid is not None and item.pid != os.getpid() and pid_alive(item.pid):
             return "in use"
-        return _remove_tree(item.path)
+        return _remove(store, "trash", item.name)
     if item.kind == "quarantine":
-        return _remove_tree(item.path)
+        return _remove(store, "quarantine", item.name)
     raise ValueError(f"unknown plan item kind {item.kind!r}")
 
 
@@ -343,8 +355,8 @@ def execute_plan(store: Store, plan: PrunePlan) -> PrunePlan:
     for item in plan.removals:
         try:
             item.outcome = execute_item(store, item)
-        except OSError as exc:
-            item.outcome = f"failed: {exc}"
+        except (OSError, ValueError) as exc:
+            item.outcome = f"failed: {fsroot.printable(exc)}"
     return plan
 
 

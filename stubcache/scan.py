@@ -9,7 +9,6 @@ hashes libraries (``verify`` does that).
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
 import re
@@ -17,11 +16,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import fsroot
+from .fsroot import printable
 from .manifest import MANIFEST_NAME
-from .store import Store
+from .store import Store, is_key
+from .values import count, finite
 
-_STAGING_RE = re.compile(r"(?P<base>[0-9a-f]+)-(?P<pid>\d+)-[^/]+\Z")
-_ASIDE_RE = re.compile(r"(?P<key>[0-9a-f]+)-(?P<time>\d+)-(?P<pid>\d+)\Z")
+# pids and times are bounded in the pattern: a name is someone else's input (os.kill(10**30, 0)
+# raises OverflowError, and a 300-digit time is no time).
+_STAGING_RE = re.compile(r"(?P<base>[0-9a-f]{16,64})-(?P<pid>\d{1,9})-[^/]+\Z")
+_ASIDE_RE = re.compile(r"(?P<key>[0-9a-f]{16,64})-(?P<time>\d{1,12})-(?P<pid>\d{1,9})(?:-[0-9a-f]+)?\Z")
+MAX_TIME = 4102444800.0  # 2100-01-01: a later "created" stamp is not a time
 
 
 @dataclass
@@ -96,7 +101,7 @@ class CacheScan:
 
 def pid_alive(pid: int) -> bool:
     """True if a process with this pid exists on this host (permission errors count as alive)."""
-    if pid <= 0:
+    if not 0 < pid <= 1 << 22:  # PID_MAX_LIMIT; a larger number (from a name) is no process
         return False
     try:
         os.kill(pid, 0)
@@ -108,39 +113,24 @@ def pid_alive(pid: int) -> bool:
 
 
 def flock_held(path: str) -> bool:
-    """True if some process holds a ``flock`` (shared or exclusive) on ``path``.
-
-    Probes with a non-blocking exclusive lock that is released at once; a missing file is not held.
-    """
+    """True if some process holds a ``flock`` (shared or exclusive) on ``path`` (a regular file
+    reached without following a link in its last component; anything else is not held)."""
+    parent, name = os.path.split(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
+        with fsroot.Dir(parent) as dfd:
+            return fsroot.flock_held_at(dfd, name)
+    except (OSError, ValueError):
         return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        return exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
-    finally:
-        os.close(fd)  # closing drops the probe's lock
-    return False
 
 
 def tree_size(path: str) -> int:
     """Bytes of the regular files under ``path`` (symlinks are not followed)."""
-    total = 0
+    parent, name = os.path.split(path)
     try:
-        st = os.lstat(path)
-    except OSError:
+        with fsroot.Dir(parent) as dfd:
+            return fsroot.tree_size_at(dfd, name)
+    except (OSError, ValueError):
         return 0
-    if not os.path.isdir(path) or os.path.islink(path):
-        return st.st_size
-    for dirpath, _dirs, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.lstat(os.path.join(dirpath, f)).st_size
-            except OSError:
-                pass
-    return total
 
 
 # --- entries ---------------------------------------------------------------------------------
@@ -149,137 +139,218 @@ def tree_size(path: str) -> int:
 def _first_line(text: Any) -> str | None:
     if not isinstance(text, str) or not text:
         return None
-    return text.splitlines()[0].strip()
+    return printable(text.splitlines()[0].strip()) if text.splitlines() else None
+
+
+def _text(value: Any) -> str | None:
+    """A short printable string from a manifest field, or None (not a string)."""
+    return printable(value, 200) if isinstance(value, str) else None
+
+
+def _parse_manifest(raw: bytes) -> dict:
+    try:
+        data = json.loads(raw)
+    except RecursionError:
+        raise ValueError("nests too deeply") from None
+    if not isinstance(data, dict):
+        raise ValueError("manifest is not a JSON object")
+    return data
 
 
 def read_entry(store: Store, key: str, probe_in_use: bool = True) -> EntryRecord:
-    """One entry's record from its manifest and pin, without hashing anything."""
+    """One entry's record from its manifest and pin, without hashing anything. Every field is
+    type- and range-checked (a group member may have written the manifest), and text fields
+    are escaped; an entry that is not a directory, or whose manifest is not a readable regular
+    file, gets ``error`` set."""
+    try:
+        pfd: int | None = store.dir("pins")
+    except OSError:
+        pfd = None
+    try:
+        return _read_entry(store, key, pfd, probe_in_use)
+    finally:
+        if pfd is not None:
+            os.close(pfd)
+
+
+def _read_entry(store: Store, key: str, pins_fd: int | None, probe_in_use: bool, now: float | None = None) -> EntryRecord:
     edir = store.entry_dir(key)
     rec = EntryRecord(key=key, path=edir)
+    data: dict = {}
+    raw = b""
+    mtime = 0.0
     try:
-        with open(os.path.join(edir, MANIFEST_NAME), "rb") as fh:
-            raw = fh.read()
-        data = json.loads(raw)
-        if not isinstance(data, dict):
-            raise ValueError("manifest is not a JSON object")
+        with store.at("entries", key) as efd:
+            mtime = os.fstat(efd).st_mtime
+            raw = fsroot.read_at(efd, MANIFEST_NAME, fsroot.MANIFEST_CAP)
+        data = _parse_manifest(raw)
     except FileNotFoundError:
         rec.error = "manifest missing"
-        data, raw = {}, b""
-    except (OSError, ValueError) as exc:
-        rec.error = f"manifest unreadable: {exc}"
+    except fsroot.NotRegularFile as exc:
+        rec.error = f"manifest {exc.strerror}"
+    except OSError as exc:
+        rec.error = (f"not a directory ({exc.strerror})" if exc.errno in (errno.ELOOP, errno.ENOTDIR)
+                     else f"manifest unreadable: {exc.strerror or exc}")
+    except ValueError as exc:
+        rec.error = f"manifest unreadable: {printable(exc)}"
+    if rec.error:
         data, raw = {}, b""
     pre = data.get("preimage") if isinstance(data.get("preimage"), dict) else {}
     fp = pre.get("fingerprint") if isinstance(pre.get("fingerprint"), dict) else {}
     rec.fingerprint = fp
-    rec.name = str(data.get("name", "?"))
-    rec.base_key = data.get("base_key") if isinstance(data.get("base_key"), str) else key
-    lib_size = data.get("size") if isinstance(data.get("size"), int) else 0
-    rec.size = lib_size + len(raw)
-    rec.library = str(data.get("library", ""))
+    rec.name = _text(data.get("name")) or "?"
+    base = data.get("base_key")
+    rec.base_key = base if isinstance(base, str) and is_key(base) else key  # never a path from a manifest
+    rec.size = (count(data.get("size")) or 0) + len(raw)
+    rec.library = _text(data.get("library")) or ""
     torch = fp.get("torch") if isinstance(fp.get("torch"), dict) else {}
-    rec.torch = torch.get("version")
+    rec.torch = _text(torch.get("version"))
     cxx = fp.get("cxx") if isinstance(fp.get("cxx"), dict) else {}
     rec.compiler = _first_line(cxx.get("version"))
     py = fp.get("python") if isinstance(fp.get("python"), dict) else {}
-    rec.python = py.get("version")
-    rec.build_method = data.get("build_method")
-    bs = data.get("build_seconds")
-    rec.build_seconds = float(bs) if isinstance(bs, (int, float)) else 0.0
-    created = data.get("created")
-    if not isinstance(created, (int, float)):
+    rec.python = _text(py.get("version"))
+    rec.build_method = _text(data.get("build_method"))
+    rec.build_seconds = finite(data.get("build_seconds"), 0.0, 1e7) or 0.0
+    created = finite(data.get("created"), 0.0, MAX_TIME)
+    rec.created = created if created is not None else mtime
+    rec.last_used = rec.created
+    if pins_fd is not None:
         try:
-            created = os.stat(edir).st_mtime
+            rec.last_used = os.stat(key, dir_fd=pins_fd, follow_symlinks=False).st_mtime
         except OSError:
-            created = 0.0
-    rec.created = float(created)
-    pin = store.pin_path(key)
-    try:
-        rec.last_used = os.stat(pin).st_mtime
-    except OSError:
-        rec.last_used = rec.created
-    if probe_in_use:
-        rec.in_use = flock_held(pin)
+            pass
+        if probe_in_use:
+            rec.in_use = fsroot.flock_held_at(pins_fd, key)
     return rec
 
 
 def scan_entries(store: Store, probe_in_use: bool = True) -> list[EntryRecord]:
     """Records of every published entry, sorted by key."""
-    return [read_entry(store, key, probe_in_use) for key in store.entry_keys()]
+    try:
+        pfd: int | None = store.dir("pins")
+    except OSError:
+        pfd = None
+    try:
+        return [_read_entry(store, key, pfd, probe_in_use) for key in store.entry_keys()]
+    finally:
+        if pfd is not None:
+            os.close(pfd)
 
 
 # --- leftovers -------------------------------------------------------------------------------
 
 
-def _listdir(path: str) -> list[str]:
-    try:
-        return sorted(os.listdir(path))
-    except FileNotFoundError:
-        return []
+class _Area:
+    """One layout directory held open for a scan (``fd`` is -1 if it is missing or not a dir)."""
 
+    def __init__(self, store: Store, area: str) -> None:
+        self.path = store.path(area)
+        try:
+            self.fd = store.dir(area)
+        except OSError:
+            self.fd = -1
 
-def _mtime(path: str, default: float) -> float:
-    try:
-        return os.lstat(path).st_mtime
-    except OSError:
-        return default
+    def names(self) -> list[str]:
+        if self.fd < 0:
+            return []
+        try:
+            return fsroot.listdir(self.fd)
+        except OSError:
+            return []
+
+    def mtime(self, name: str, default: float) -> float:
+        try:
+            return fsroot.lstat_at(self.fd, name).st_mtime
+        except (OSError, ValueError):
+            return default
+
+    def size(self, name: str) -> int:
+        return fsroot.tree_size_at(self.fd, name) if self.fd >= 0 else 0
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 def scan_leftovers(store: Store, now: float | None = None) -> list[Leftover]:
-    """Staging directories, lease files, quarantine and trash items, judged stale or not."""
+    """Staging directories, lease files, quarantine and trash items, judged stale or not.
+
+    Each area is read through one descriptor; names are only ever used relative to it, and
+    only names of the expected shape give a pid or a build-lock name."""
     now = time.time() if now is None else now
     out: list[Leftover] = []
-    sdir = store.path("staging")
-    for name in _listdir(sdir):
-        path = os.path.join(sdir, name)
-        m = _STAGING_RE.match(name)
-        pid = int(m.group("pid")) if m else None
-        base = m.group("base") if m else None
-        alive = pid is not None and pid_alive(pid)
-        locked = base is not None and flock_held(store.lock_path(base))
-        stale = not alive and not locked
-        why = (f"builder pid {pid} is alive" if alive else
-               "its build lock is held" if locked else f"builder pid {pid} is gone")
-        out.append(Leftover("staging", path, name, tree_size(path), now - _mtime(path, now), pid, stale, why))
-    ldir = store.path("leases")
-    for name in _listdir(ldir):
-        path = os.path.join(ldir, name)
-        if name.endswith(".tmp"):
-            tpid = name.rsplit(".", 2)[-2] if name.count(".") >= 2 else ""
-            pid = int(tpid) if tpid.isdigit() else None
-            stale = pid is None or not pid_alive(pid)
-            out.append(Leftover("lease", path, name, tree_size(path), now - _mtime(path, now), pid, stale,
-                                "temporary lease file of a dead writer" if stale else "being written"))
-            continue
-        base = name[:-5] if name.endswith(".json") else name
-        lease = store.read_lease(base) or {}
-        pid = lease.get("pid") if isinstance(lease.get("pid"), int) else None
-        held = flock_held(store.lock_path(base))
-        out.append(Leftover("lease", path, name, tree_size(path), now - _mtime(path, now), pid, not held,
-                            "its build lock is held" if held else "nobody holds its build lock"))
-    for area in ("quarantine", "trash"):
-        adir = store.path(area)
-        for name in _listdir(adir):
-            path = os.path.join(adir, name)
-            m = _ASIDE_RE.match(name)
+    areas = {a: _Area(store, a) for a in ("staging", "leases", "locks", "quarantine", "trash")}
+    locks = areas["locks"]
+
+    def lock_held(base: str | None) -> bool:
+        return base is not None and locks.fd >= 0 and fsroot.flock_held_at(locks.fd, f"{base}.lock")
+
+    try:
+        sdir = areas["staging"]
+        for name in sdir.names():
+            m = _STAGING_RE.match(name)
             pid = int(m.group("pid")) if m else None
-            moved = float(m.group("time")) if m else _mtime(path, now)
-            if area == "trash":
-                alive = pid is not None and pid_alive(pid) and pid != os.getpid()
-                stale = not alive
-                detail = f"remover pid {pid} is alive" if alive else "left by a remover that is gone"
-            else:
-                stale = False
-                detail = _quarantine_reason(path)
-            out.append(Leftover(area, path, name, tree_size(path), now - moved, pid, stale, detail))
+            base = m.group("base") if m else None
+            alive = pid is not None and pid_alive(pid)
+            locked = lock_held(base)
+            stale = not alive and not locked
+            why = (f"builder pid {pid} is alive" if alive else "its build lock is held" if locked
+                   else f"builder pid {pid} is gone" if pid is not None else "not made by a builder")
+            out.append(Leftover("staging", os.path.join(sdir.path, name), name, sdir.size(name),
+                                now - sdir.mtime(name, now), pid, stale, why))
+        ldir = areas["leases"]
+        for name in ldir.names():
+            path = os.path.join(ldir.path, name)
+            age = now - ldir.mtime(name, now)
+            if name.endswith(".tmp"):
+                tpid = name.rsplit(".", 2)[-2] if name.count(".") >= 2 else ""
+                pid = int(tpid) if tpid.isdigit() and len(tpid) <= 9 else None
+                stale = (pid is None or not pid_alive(pid)) and age > 60
+                out.append(Leftover("lease", path, name, ldir.size(name), age, pid, stale,
+                                    "temporary lease file of a dead writer" if stale else "being written"))
+                continue
+            base = name[:-5] if name.endswith(".json") else None
+            if base is None or not is_key(base):
+                out.append(Leftover("lease", path, name, ldir.size(name), age, None, True, "not a lease file"))
+                continue
+            lease = store.read_lease(base) or {}
+            pid = count(lease.get("pid"), 1, 1 << 22)
+            held = lock_held(base)
+            out.append(Leftover("lease", path, name, ldir.size(name), age, pid, not held,
+                                "its build lock is held" if held else "nobody holds its build lock"))
+        for area in ("quarantine", "trash"):
+            adir = areas[area]
+            for name in adir.names():
+                m = _ASIDE_RE.match(name)
+                pid = int(m.group("pid")) if m else None
+                moved = float(m.group("time")) if m else adir.mtime(name, now)
+                if area == "trash":
+                    alive = pid is not None and pid_alive(pid) and pid != os.getpid()
+                    stale = not alive
+                    detail = f"remover pid {pid} is alive" if alive else "left by a remover that is gone"
+                else:
+                    stale = False
+                    detail = _quarantine_reason(adir.fd, name)
+                out.append(Leftover(area, os.path.join(adir.path, name), name, adir.size(name),
+                                    max(now - moved, 0.0), pid, stale, detail))
+    finally:
+        for a in areas.values():
+            a.close()
     return out
 
 
-def _quarantine_reason(path: str) -> str:
+def _quarantine_reason(qfd: int, name: str) -> str:
     try:
-        with open(os.path.join(path, "QUARANTINE_REASON"), encoding="utf-8") as fh:
-            return fh.read().strip()
-    except OSError:
+        fd = os.open(fsroot.check_name(name), fsroot.O_DIR, dir_fd=qfd)
+    except (OSError, ValueError):
         return ""
+    try:
+        return printable(fsroot.read_at(fd, "QUARANTINE_REASON", 8192).decode("utf-8", "replace").strip(), 500)
+    except (OSError, ValueError):
+        return ""
+    finally:
+        os.close(fd)
 
 
 def scan_cache(store: Store, probe_in_use: bool = True, leftovers: bool = True) -> CacheScan:

@@ -33,13 +33,14 @@ def resolve_group(group: str) -> tuple[str, int]:
     return g.gr_name, g.gr_gid
 
 
-def set_mode(path: str, mode: int, gid: int | None = None, *, directory: bool) -> bool:
+def set_mode(path: str, mode: int, gid: int | None = None, *, directory: bool, dir_fd: int | None = None) -> bool:
     """``chgrp``/``chmod`` through an fd opened with ``O_NOFOLLOW``, so a symlink (or a FIFO, or a
     directory swapped for a link) planted by someone else is never followed. Returns True if it
-    changed something; raises ``ValueError`` for a path of the wrong kind."""
+    changed something; raises ``ValueError`` for a path of the wrong kind. With ``dir_fd``,
+    ``path`` is a single name relative to that directory."""
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_DIRECTORY if directory else 0)
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, flags, dir_fd=dir_fd)
     except OSError as exc:
         raise ValueError(f"{path}: not a {'directory' if directory else 'regular file'} "
                          f"stubcache can fix ({exc.strerror})") from None
@@ -57,6 +58,42 @@ def set_mode(path: str, mode: int, gid: int | None = None, *, directory: bool) -
         return changed
     finally:
         os.close(fd)
+
+
+def fix_shared_files(store: Store, gid: int) -> list[str]:
+    """Entry directories ``2775`` (their files keep only read/execute bits), pin and lock files
+    ``0660``, all in group ``gid``; every step through directory fds without following links.
+    Returns what changed; odd file types are reported, not touched."""
+    from . import fsroot
+
+    done: list[str] = []
+
+    def one(dfd: int, name: str, mode, directory: bool, label: str) -> None:
+        try:
+            if callable(mode):
+                mode = mode(fsroot.lstat_at(dfd, name))
+            if set_mode(name, mode, gid, directory=directory, dir_fd=dfd):
+                done.append(f"chmod {mode:o} {label} (group {gid})")
+        except (OSError, ValueError) as exc:
+            done.append(f"skipped {fsroot.printable(label)}: {fsroot.printable(exc)}")
+
+    with store.at("entries") as efd:
+        for key in store.entry_keys():
+            one(efd, key, SHARED_ENTRY_MODE, True, store.entry_dir(key))
+            try:
+                kfd = os.open(key, fsroot.O_DIR, dir_fd=efd)
+            except OSError:
+                continue
+            try:
+                for f in fsroot.listdir(kfd):
+                    one(kfd, f, lambda st: stat.S_IMODE(st.st_mode) & 0o555, False, os.path.join(store.entry_dir(key), f))
+            finally:
+                os.close(kfd)
+    for sub in ("pins", "locks"):
+        with store.at(sub) as sfd:
+            for f in fsroot.listdir(sfd):
+                one(sfd, f, 0o660, False, store.path(sub, f))
+    return done
 
 
 def init_root(root: str, group: str | None = None) -> list[str]:
@@ -80,15 +117,9 @@ def init_root(root: str, group: str | None = None) -> list[str]:
             mode = SHARED_ROOT_MODE if d == store.root else SHARED_DIR_MODE
         set_mode(d, mode, gid, directory=True)
     if gid is not None:
-        for key in store.entry_keys():
-            edir = store.entry_dir(key)
-            set_mode(edir, SHARED_ENTRY_MODE, gid, directory=True)
-            for f in os.listdir(edir):
-                p = os.path.join(edir, f)
-                set_mode(p, stat.S_IMODE(os.lstat(p).st_mode) & 0o555, gid, directory=False)
-        for sub in ("pins", "locks"):
-            for f in os.listdir(store.path(sub)):
-                set_mode(store.path(sub, f), 0o660, gid, directory=False)
+        skipped = [d for d in fix_shared_files(store, gid) if d.startswith("skipped")]
+        if skipped:
+            raise ValueError("left unchanged (remove them, then run init again): " + "; ".join(skipped))
         cfg = {"mode": "shared", "group": name, "gid": gid, "created": time.time(), "by_uid": os.geteuid()}
         done.append(f"shared with group {name} (gid {gid}): root mode {SHARED_ROOT_MODE:o}, "
                     f"directories mode {SHARED_DIR_MODE:o}")

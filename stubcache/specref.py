@@ -13,7 +13,6 @@ import importlib
 import json
 import os
 import re
-import sys
 from typing import Any
 
 from .spec import StubSpec
@@ -63,10 +62,10 @@ def load_spec_file(path: str) -> list[StubSpec]:
 
 
 def load_module_ref(ref: str) -> list[StubSpec]:
-    """Specs from ``MODULE:ATTR`` (the current directory is importable, as with ``python -m``)."""
+    """Specs from ``MODULE:ATTR``, imported from ``sys.path`` as it is: the current directory is
+    *not* added (a module planted in whatever directory an administrator runs ``stubcache warm``
+    from must not run; set ``PYTHONPATH`` to import from a directory on purpose)."""
     modname, _, attr = ref.partition(":")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
     try:
         obj: Any = importlib.import_module(modname)
     except ImportError as exc:

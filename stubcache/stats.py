@@ -13,8 +13,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
+from . import fsroot
 from .scan import EntryRecord
 from .store import try_flock_ex
+from .values import MAX_SECONDS, count, finite
+
+MAX_TIME = 4102444800.0  # 2100-01-01
+EVENTS_TOTAL_CAP = 512 << 20  # bytes of event files read by one stats/compaction (beyond: skipped)
 
 
 @dataclass
@@ -43,11 +48,11 @@ class EventTotals:
     def add(self, rec: dict[str, Any]) -> None:
         """Fold one parsed event line."""
         ev = rec.get("ev")
-        key = rec.get("key") or ""
-        s = rec.get("s")
-        s = float(s) if isinstance(s, (int, float)) else 0.0
-        t = rec.get("t")
-        if isinstance(t, (int, float)):
+        key = rec.get("key")
+        key = key if isinstance(key, str) else ""
+        s = finite(rec.get("s"), 0.0, MAX_SECONDS) or 0.0  # NaN, inf, 1e400, -5: not a duration
+        t = finite(rec.get("t"), 0.0, MAX_TIME)
+        if t is not None:
             self.first_event = t if self.first_event is None else min(self.first_event, t)
             self.last_event = t if self.last_event is None else max(self.last_event, t)
         if ev == "hit":
@@ -75,8 +80,7 @@ class EventTotals:
         elif ev in REMOTE_EVENTS:
             self.remote.add(ev, rec, s)
         elif ev == "archive":
-            n = rec.get("processes")
-            self.processes += int(n) if isinstance(n, int) else 0
+            self.processes += count(rec.get("processes"), 0, 1 << 40) or 0
 
 
 REMOTE_EVENTS = frozenset(("remote_hit", "remote_miss", "upload", "remote_rejected", "lease_wait", "remote_error"))
@@ -131,7 +135,7 @@ def fold_lines(lines: Iterable[bytes], totals: EventTotals) -> None:
             continue
         try:
             rec = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             totals.bad_lines += 1
             continue
         if isinstance(rec, dict):
@@ -146,7 +150,7 @@ def _archive_header(data: bytes) -> dict | None:
         return None
     try:
         rec = json.loads(first)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return rec if isinstance(rec, dict) else None
 
@@ -156,17 +160,29 @@ def _read_events(events_dir: str) -> tuple[list[tuple[str, bytes]], list[str]]:
     a compaction that was killed before deleting them: counting them again would double), and
     the names of those leftovers."""
     try:
-        names = sorted(n for n in os.listdir(events_dir) if n.endswith(".jsonl"))
-    except FileNotFoundError:
+        dfd = fsroot.open_dir(events_dir)
+    except OSError:
+        return [], []
+    try:
+        return _read_events_at(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _read_events_at(dfd: int) -> tuple[list[tuple[str, bytes]], list[str]]:
+    try:
+        names = [n for n in fsroot.listdir(dfd) if n.endswith(".jsonl")]
+    except OSError:
         return [], []
     files = []
     merged: set[str] = set()
+    budget = EVENTS_TOTAL_CAP  # a directory full of huge files must not exhaust memory either
     for name in names:
         try:
-            with open(os.path.join(events_dir, name), "rb") as fh:
-                data = fh.read()
-        except OSError:
+            data = fsroot.read_at(dfd, name, min(fsroot.EVENTS_CAP, budget))  # FIFOs, links: skipped
+        except (OSError, ValueError):
             continue
+        budget -= len(data)
         if name.startswith(ARCHIVE_PREFIX):
             header = _archive_header(data)
             if header and isinstance(header.get("merged"), list):
@@ -193,11 +209,24 @@ def file_finished(path: str) -> bool:
     """True if no live process appends to this event file: it is not empty (its writer locks it
     before the first write) and its writer's shared ``flock`` is gone. Works across pid
     namespaces and pid reuse; archives are always finished."""
-    if os.path.basename(path).startswith(ARCHIVE_PREFIX):
+    parent, name = os.path.split(path)
+    try:
+        dfd = fsroot.open_dir(parent)
+    except OSError:
+        return False
+    try:
+        return file_finished_at(dfd, name)
+    finally:
+        os.close(dfd)
+
+
+def file_finished_at(dfd: int, name: str) -> bool:
+    """:func:`file_finished` for ``name`` in the directory open as ``dfd``."""
+    if name.startswith(ARCHIVE_PREFIX):
         return True
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
+        fd = fsroot.open_regular(dfd, name)
+    except (OSError, ValueError):
         return False
     try:
         return os.fstat(fd).st_size > 0 and try_flock_ex(fd)
@@ -216,9 +245,17 @@ def compact_events(events_dir: str, lock_path: str, file_mode: int = 0o600) -> i
     compaction killed before deleting them are not counted twice. Skipped when another
     compaction holds ``lock_path`` or it cannot be opened.
     """
+    lock_dir, lock_name = os.path.split(lock_path)
     try:
-        lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, file_mode)
+        dfd = fsroot.open_dir(events_dir)
     except OSError:
+        return 0
+    try:
+        with fsroot.Dir(lock_dir) as lfd:
+            lock_fd = os.open(fsroot.check_name(lock_name), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+                              | os.O_NONBLOCK, file_mode, dir_fd=lfd)
+    except (OSError, ValueError):
+        os.close(dfd)
         return 0
     try:
         try:
@@ -226,19 +263,18 @@ def compact_events(events_dir: str, lock_path: str, file_mode: int = 0o600) -> i
                 return 0
         except OSError:
             return 0
-        _remove_stale_tmp(events_dir)
-        files, leftovers = _read_events(events_dir)
-        files = [(n, d) for n, d in files if file_finished(os.path.join(events_dir, n))]
+        _remove_stale_tmp(dfd)
+        files, leftovers = _read_events_at(dfd)
+        files = [(n, d) for n, d in files if file_finished_at(dfd, n)]
         if len(files) < 2:
-            _unlink_all(events_dir, leftovers)
+            _unlink_all(dfd, leftovers)
             return 0
         processes = 0
         chunks: list[bytes] = []
         for name, data in files:
             header = _archive_header(data) if name.startswith(ARCHIVE_PREFIX) else None
             if header is not None:
-                n = header.get("processes")
-                processes += n if isinstance(n, int) else 0
+                processes += count(header.get("processes"), 0, 1 << 40) or 0
                 data = data.split(b"\n", 1)[1] if b"\n" in data else b""
             elif not name.startswith(ARCHIVE_PREFIX):
                 processes += 1
@@ -246,38 +282,39 @@ def compact_events(events_dir: str, lock_path: str, file_mode: int = 0o600) -> i
         names = [n for n, _ in files]
         header_line = json.dumps({"ev": "archive", "processes": processes, "merged": names},
                                  separators=(",", ":")).encode()
-        out = os.path.join(events_dir, f"{ARCHIVE_PREFIX}{int(time.time())}-{os.getpid()}-{os.urandom(6).hex()}.jsonl")
+        out = f"{ARCHIVE_PREFIX}{int(time.time())}-{os.getpid()}-{os.urandom(6).hex()}.jsonl"
         tmp = out + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, file_mode)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, file_mode,
+                     dir_fd=dfd)
         try:
             os.write(fd, b"\n".join([header_line, *chunks]) + b"\n")
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, out)
-        _unlink_all(events_dir, names + leftovers)
+        os.rename(tmp, out, src_dir_fd=dfd, dst_dir_fd=dfd)
+        _unlink_all(dfd, names + leftovers)
         return len(names)
     finally:
         os.close(lock_fd)
+        os.close(dfd)
 
 
-def _unlink_all(events_dir: str, names: list[str]) -> None:
+def _unlink_all(dfd: int, names: list[str]) -> None:
     for name in names:
         try:
-            os.unlink(os.path.join(events_dir, name))
-        except FileNotFoundError:
+            fsroot.unlink_at(dfd, name)
+        except (OSError, ValueError):
             pass
 
 
-def _remove_stale_tmp(events_dir: str) -> None:
+def _remove_stale_tmp(dfd: int) -> None:
     now = time.time()
-    for name in os.listdir(events_dir):
+    for name in os.listdir(dfd):
         if name.endswith((".tmp", ".new")):
-            p = os.path.join(events_dir, name)
             try:
-                if now - os.lstat(p).st_mtime > STALE_TMP_SECONDS:
-                    os.unlink(p)
-            except OSError:
+                if now - fsroot.lstat_at(dfd, name).st_mtime > STALE_TMP_SECONDS:
+                    fsroot.rmtree_at(dfd, name)
+            except (OSError, ValueError):
                 pass
 
 

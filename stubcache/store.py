@@ -21,9 +21,12 @@ import fcntl
 import hashlib
 import json
 import os
+import stat
 import time
 
-from . import _log
+from . import _log, fsroot
+from .fsroot import check_name
+from .fsroot import try_flock as _try_flock
 from .manifest import MANIFEST_NAME, Manifest
 
 LAYOUT = "v1"
@@ -44,21 +47,74 @@ def file_sha256(fd_or_path) -> str:
             h.update(chunk)
             off += len(chunk)
     else:
-        with open(fd_or_path, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
+        # Paths may come from a manifest someone else wrote (tracked inputs): a FIFO or a device
+        # there must not hang or stream forever, so regular files only (links are followed:
+        # system headers often are links).
+        fd = os.open(fd_or_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise fsroot.NotRegularFile(errno.EINVAL, f"is a {fsroot.kind(st.st_mode)}", fd_or_path)
+            return file_sha256(fd)
+        finally:
+            os.close(fd)
     return h.hexdigest()
 
 
 def try_flock_ex(fd: int) -> bool:
     """``LOCK_EX|LOCK_NB`` on ``fd``: True if taken, False if another open file holds a lock."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+    return _try_flock(fd, fcntl.LOCK_EX)
+
+
+def flock_within(fd: int, op: int, timeout: float) -> bool:
+    """``flock(fd, op)`` waiting at most ``timeout`` seconds (polling ``LOCK_NB`` every 2-50 ms):
+    True if taken. A holder that never lets go (a stopped process, a hostile group member)
+    costs at most the bound."""
+    if _try_flock(fd, op):
+        return True
+    deadline = time.monotonic() + timeout
+    delay = 0.002
+    while True:
+        now = time.monotonic()
+        if now >= deadline:
             return False
-        raise
-    return True
+        time.sleep(min(delay, deadline - now))
+        delay = min(delay * 1.5, 0.05)
+        if _try_flock(fd, op):
+            return True
+
+
+def lock_holders(fd: int) -> list[int]:
+    """pids holding a ``flock`` on the file open as ``fd``, from ``/proc/locks`` (Linux; empty
+    where unknown). For messages only: a pid may be in another pid namespace or reused."""
+    try:
+        st = os.fstat(fd)
+        data = fsroot.read_at(None, "/proc/locks", 8 << 20)
+    except (OSError, ValueError):
+        return []
+    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    pids = []
+    for line in data.decode("ascii", "replace").splitlines():
+        parts = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"; "1: -> FLOCK ..." lines are waiters
+        if len(parts) >= 8 and parts[1] == "FLOCK" and parts[5] == want and parts[4].isdigit():
+            pids.append(int(parts[4]))
+    return sorted(set(pids))
+
+
+def describe_holders(fd: int) -> str:
+    """``pid 123 (python3)``-style text naming who holds a lock on ``fd``, or a generic phrase."""
+    pids = lock_holders(fd)
+    if not pids:
+        return "an unknown process"
+    out = []
+    for pid in pids[:3]:
+        try:
+            comm = fsroot.read_at(None, f"/proc/{pid}/comm", 4096).decode("utf-8", "replace").strip()
+        except (OSError, ValueError):
+            comm = "?"
+        out.append(f"pid {pid} ({fsroot.printable(comm, 32)})")
+    return ", ".join(out)
 
 
 def default_root() -> str:
@@ -79,6 +135,28 @@ class Store:
         self.base = os.path.join(self.root, LAYOUT)
         self.shared = shared  # group-shared root: files others in the group must use get g+rw
         self._ready = False
+        self._base_fd = -1  # v1/, opened once without following links (see dir())
+
+    def __del__(self) -> None:
+        fd, self._base_fd = getattr(self, "_base_fd", -1), -1
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        """Close the descriptor this store keeps of its ``v1/`` directory (reopened on demand)."""
+        self.__del__()
+
+    def _base(self) -> int:
+        fd = self._base_fd
+        if fd < 0:
+            with _BASE_LOCK:
+                if self._base_fd < 0:
+                    self._base_fd = fsroot.open_dir(self.root, LAYOUT)
+                fd = self._base_fd
+        return fd
 
     def mode(self, private: int, shared: int) -> int:
         return shared if self.shared else private
@@ -91,119 +169,190 @@ class Store:
     def entry_dir(self, key: str) -> str:
         return os.path.join(self.base, "entries", key)
 
-    def ensure(self) -> None:
-        """Create the root (0700) and its sub-directories if missing."""
-        if self._ready:
+    def ensure(self, force: bool = False) -> None:
+        """Create the root (0700) and any missing layout sub-directory (``2770`` in a shared
+        root), never through a symlink. ``force`` re-checks after ``_ready`` (a directory that
+        went missing is recreated when an operation needs it)."""
+        if self._ready and not force:
             return
-        if os.path.isdir(os.path.join(self.base, SUBDIRS[-1])):  # the last one made: all exist
-            self._ready = True
-            return
-        os.makedirs(self.root, mode=0o700, exist_ok=True)
         try:
-            os.mkdir(self.base, 0o700)
-        except FileExistsError:
+            if set(SUBDIRS) <= set(os.listdir(self.base)):
+                self._ready = True
+                return
+        except OSError:
             pass
-        for sub in SUBDIRS:
-            try:
-                os.mkdir(os.path.join(self.base, sub), 0o700)
-            except FileExistsError:
-                pass
+        os.makedirs(self.root, mode=0o700, exist_ok=True)
+        fd = fsroot.open_dir(self.root, LAYOUT, create=True, mode=self.mode(0o700, 0o2770))
+        try:
+            for sub in SUBDIRS:
+                try:
+                    os.mkdir(sub, 0o700, dir_fd=fd)
+                except FileExistsError:
+                    continue
+                if self.shared:
+                    sfd = os.open(sub, fsroot.O_DIR, dir_fd=fd)
+                    try:
+                        os.fchmod(sfd, 0o2770)
+                    finally:
+                        os.close(sfd)
+        finally:
+            os.close(fd)
         self._ready = True
+
+    def dir(self, *parts: str, create: bool = False) -> int:
+        """An fd of ``v1/<parts...>`` opened without following links (close it). With ``create``,
+        missing layout directories are made first (see :meth:`ensure`)."""
+        # Relative to a descriptor of v1/ kept by this store: one openat per component instead
+        # of a walk from the root each time. A root removed meanwhile (the kept directory has no
+        # links left) is opened afresh.
+        for attempt in (0, 1, 2):
+            try:
+                return fsroot.open_dir_at(self._base(), *parts)
+            except FileNotFoundError:
+                base = self._base_fd
+                if base >= 0 and os.fstat(base).st_nlink == 0:
+                    self.close()
+                    continue
+                if not create or attempt == 2:
+                    raise
+                self.ensure(force=True)
+                if self._base_fd < 0:
+                    continue
+                return fsroot.open_dir_at(self._base(), *parts, create=True, mode=self.mode(0o700, 0o2770))
+        raise FileNotFoundError(errno.ENOENT, "cache layout vanished", self.base)
+
+    def at(self, *parts: str, create: bool = False) -> "_DirCtx":
+        """``with store.at("pins") as fd:`` — :meth:`dir` as a context manager."""
+        return _DirCtx(self, parts, create)
 
     # --- reading -----------------------------------------------------------------------------
 
     def read_manifest(self, key: str) -> Manifest:
         """Parse ``entries/<key>/manifest.json``; ``FileNotFoundError`` if there is no entry,
         ``ValueError`` if the manifest is unreadable."""
-        fd = os.open(os.path.join(self.base, "entries", key, MANIFEST_NAME), os.O_RDONLY | os.O_NOFOLLOW)
-        try:
-            # Read what is there (a 16 MiB read buffer alone costs ~100 us), capped at 16 MiB.
-            data = os.read(fd, min(os.fstat(fd).st_size + 1, 1 << 24))
-        finally:
-            os.close(fd)
+        with self.at("entries", key) as efd:
+            return self.read_manifest_at(efd)
+
+    @staticmethod
+    def read_manifest_at(entry_fd: int) -> Manifest:
+        """Parse the manifest of the entry directory open as ``entry_fd`` (a regular file only,
+        read sized to the file; the cap only stops absurd sizes: sources of tens of MB load)."""
+        data = fsroot.read_at(entry_fd, MANIFEST_NAME, fsroot.MANIFEST_CAP)
         try:
             return Manifest.loads(data.decode("utf-8"))
         except UnicodeDecodeError as exc:
             raise ValueError(f"manifest is not UTF-8: {exc}") from None
+        except RecursionError:
+            raise ValueError("manifest nests too deeply") from None
 
     def variant_keys(self, base: str) -> list[str]:
         try:
-            return sorted(os.listdir(os.path.join(self.base, "variants", base)))
-        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            with self.at("variants", base) as fd:
+                return [k for k in fsroot.listdir(fd) if is_key(k)]
+        except OSError:
             return []  # no variants, or a root this user cannot read (lookups then miss)
 
     def entry_keys(self) -> list[str]:
+        """Names under ``entries/`` that look like keys (hex); anything else is not an entry."""
         try:
-            return sorted(k for k in os.listdir(os.path.join(self.base, "entries")) if not k.startswith("."))
-        except FileNotFoundError:
+            with self.at("entries") as fd:
+                return [k for k in fsroot.listdir(fd) if is_key(k)]
+        except OSError:
+            return []
+
+    def entry_names(self) -> list[str]:
+        """Every name under ``entries/`` (for reporting what is not an entry)."""
+        try:
+            with self.at("entries") as fd:
+                return fsroot.listdir(fd)
+        except OSError:
             return []
 
     # --- staging and publish ---------------------------------------------------------------
 
     def new_staging(self, base: str) -> str:
         """A fresh private directory for one build (name carries the builder's pid)."""
-        import tempfile
-
         self.ensure()
-        path = tempfile.mkdtemp(prefix=f"{base}-{os.getpid()}-", dir=os.path.join(self.base, "staging"))
-        if self.shared:
-            os.chmod(path, 0o2770)  # so a group member's prune can remove it after a crash
-        return path
+        mode = self.mode(0o700, 0o2770)  # shared: so the owner's or a member's prune can remove it
+        with self.at("staging", create=True) as sfd:
+            while True:
+                name = f"{check_name(base)}-{os.getpid()}-{os.urandom(6).hex()}"
+                try:
+                    os.mkdir(name, 0o700, dir_fd=sfd)
+                    break
+                except FileExistsError:
+                    continue
+            if self.shared:
+                fd = os.open(name, fsroot.O_DIR, dir_fd=sfd)
+                try:
+                    os.fchmod(fd, mode)
+                finally:
+                    os.close(fd)
+        return os.path.join(self.base, "staging", name)
 
     def publish(self, staged_entry: str, manifest: Manifest) -> bool:
         """Rename a complete entry directory into place. Returns False if one already existed
         (the existing entry wins and ``staged_entry`` is left for the caller to remove)."""
-        with open(os.path.join(staged_entry, MANIFEST_NAME), "w", encoding="utf-8") as fh:
-            fh.write(manifest.dumps())
-        os.chmod(os.path.join(staged_entry, MANIFEST_NAME), 0o444)
-        os.chmod(os.path.join(staged_entry, manifest.library), 0o555)
-        os.chmod(staged_entry, self.mode(0o755, 0o2775))
-        if manifest.key != manifest.base_key:
-            # The marker goes first: a marker without an entry is skipped by lookups, while an
-            # entry without its marker (a crash in between) would never be found again.
-            self.add_variant(manifest.base_key, manifest.key)
-        target = self.entry_dir(manifest.key)
-        try:
-            os.rename(staged_entry, target)
-        except OSError as exc:
-            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
-                return False
-            raise
+        # Every step relative to the staging directory's descriptor, opened without following
+        # links: nothing here can be redirected out of the root.
+        parent, entry_name = os.path.split(os.path.abspath(staged_entry))
+        rel = os.path.relpath(parent, self.base).split(os.sep)
+        with self.at(*rel) as sfd:
+            efd = os.open(check_name(entry_name), fsroot.O_DIR, dir_fd=sfd)
+            try:
+                fsroot.write_new(efd, MANIFEST_NAME, manifest.dumps().encode("utf-8"), 0o444)
+                lfd = fsroot.open_regular(efd, manifest.library)
+                try:
+                    os.fchmod(lfd, 0o555)
+                finally:
+                    os.close(lfd)
+                os.fchmod(efd, self.mode(0o755, 0o2775))
+            finally:
+                os.close(efd)
+            if manifest.key != manifest.base_key:
+                # The marker goes first: a marker without an entry is skipped by lookups, while an
+                # entry without its marker (a crash in between) would never be found again.
+                self.add_variant(manifest.base_key, manifest.key)
+            with self.at("entries", create=True) as dfd:
+                try:
+                    fsroot.rename_at(sfd, entry_name, dfd, check_name(manifest.key))
+                except OSError as exc:
+                    if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                        return False
+                    raise
         self.touch_pin(manifest.key)
         return True
 
     def add_variant(self, base: str, key: str) -> None:
         """Record that entry ``key`` was built from base key ``base`` (with tracked headers)."""
-        vdir = os.path.join(self.base, "variants", base)
-        os.makedirs(os.path.dirname(vdir), mode=0o700, exist_ok=True)
-        try:
-            os.mkdir(vdir, self.mode(0o700, 0o2770))
-            if self.shared:
-                os.chmod(vdir, 0o2770)
-        except FileExistsError:
-            pass
-        fd = os.open(os.path.join(vdir, key), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, self.mode(0o600, 0o660))
-        os.close(fd)
+        with self.at("variants", check_name(base), create=True) as vfd:
+            fd = os.open(check_name(key), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         self.mode(0o600, 0o660), dir_fd=vfd)
+            os.close(fd)
 
     # --- removal -----------------------------------------------------------------------------
 
     def _move_aside(self, key: str, area: str) -> str | None:
-        src = self.entry_dir(key)
-        dst = os.path.join(self.base, area, f"{key}-{int(time.time())}-{os.getpid()}")
-        try:
-            os.rename(src, dst)
-        except FileNotFoundError:
-            return None
-        return dst
+        name = f"{check_name(key)}-{int(time.time())}-{os.getpid()}-{os.urandom(3).hex()}"
+        with self.at("entries") as efd, self.at(area, create=True) as afd:
+            try:
+                fsroot.rename_at(efd, key, afd, name)
+            except FileNotFoundError:
+                return None
+        return os.path.join(self.base, area, name)
 
     def quarantine(self, key: str, reason: str) -> str | None:
-        """Move an entry to ``quarantine/`` (kept for inspection; prune removes old ones)."""
+        """Move an entry to ``quarantine/`` (kept for inspection; prune removes old ones). The
+        reason is written, escaped, into a new file created in the moved directory (never through
+        a link: a planted ``QUARANTINE_REASON`` symlink is not followed)."""
+        reason = fsroot.printable(reason, 2000)
         dst = self._move_aside(key, "quarantine")
         if dst is not None:
             _log.warning("stubcache: quarantined entry %s (%s) -> %s", key, reason, dst)
             try:
-                with open(os.path.join(dst, "QUARANTINE_REASON"), "w", encoding="utf-8") as fh:
-                    fh.write(reason + "\n")
+                with self.at("quarantine", os.path.basename(dst)) as qfd:
+                    fsroot.unlink_at(qfd, "QUARANTINE_REASON")
+                    fsroot.write_new(qfd, "QUARANTINE_REASON", (reason + "\n").encode(), 0o444)
             except OSError:
                 pass
         return dst
@@ -213,64 +362,125 @@ class Store:
         return self._move_aside(key, "trash")
 
     @staticmethod
-    def rmtree(path: str) -> None:
-        """Remove a tree that may contain read-only files/directories."""
-        import shutil
+    def rmtree(path: str) -> bool:
+        """Remove a tree (or file, or link) without following links (see :func:`fsroot.rmtree`)."""
+        return fsroot.rmtree(path)
 
-        def onerror(func, p, exc_info):
-            try:
-                os.chmod(os.path.dirname(p), 0o700)
-                os.chmod(p, 0o700)
-                func(p)
-            except OSError:
-                pass
-        if os.path.lexists(path):
-            shutil.rmtree(path, onerror=onerror)
+    def remove_in(self, area: str, name: str) -> bool:
+        """Remove ``v1/<area>/<name>``, whatever it is, through a descriptor of ``area``."""
+        try:
+            with self.at(area) as fd:
+                return fsroot.rmtree_at(fd, name)
+        except FileNotFoundError:
+            return True
 
     # --- pins and last-used ---------------------------------------------------------------
 
     def pin_path(self, key: str) -> str:
         return os.path.join(self.base, "pins", key)
 
-    def open_lock_file(self, path: str) -> int:
+    def open_lock_file(self, path: str, create: bool = True) -> int:
         """Open (creating) a file used only for ``flock``: private ``0600``, or ``0660`` in a
-        shared root whatever the umask, so every member can lock it."""
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, self.mode(0o600, 0o660))
-        if self.shared:
+        shared root whatever the umask, so every member can lock it. ``path`` is a path below
+        ``v1/``; it is reached through directory fds without following links, opened
+        non-blocking, and must be a regular file (``NotRegularFile`` otherwise)."""
+        rel = os.path.relpath(path, self.base).split(os.sep)
+        with self.at(*rel[:-1], create=create) as dfd:
+            return self._open_lock_at(dfd, check_name(rel[-1]), create, path)
+
+    def _open_lock_at(self, dfd: int, name: str, create: bool, path: str) -> int:
+        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | (os.O_CREAT if create else 0)
+        for attempt in (0, 1):
             try:
-                os.fchmod(fd, 0o660)
-            except OSError:
-                pass  # created by another member: already 0660
-        return fd
+                fd = os.open(name, flags, self.mode(0o600, 0o660), dir_fd=dfd)
+            except PermissionError:
+                if not create:
+                    raise
+                fd = os.open(name, flags & ~os.O_RDWR & ~os.O_CREAT | os.O_RDONLY, dir_fd=dfd)
+            except OSError as exc:
+                if exc.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO) or not create or attempt:
+                    raise
+                # A planted link, directory or socket where a lock file belongs: it goes (the
+                # link itself, never its target; a tree without following anything).
+                fsroot.rmtree_at(dfd, name)
+                continue
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode):
+                if self.shared and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != 0o660:
+                    try:
+                        os.fchmod(fd, 0o660)  # whatever the umask: every member must be able to lock it
+                    except OSError:
+                        pass
+                return fd
+            os.close(fd)
+            if not create or attempt:
+                raise fsroot.NotRegularFile(errno.EINVAL, f"is a {fsroot.kind(st.st_mode)}, not a lock file", path)
+            # A FIFO or device where a lock file belongs locks nothing anyone else respects:
+            # replace it (unlinking never follows, and a real lock file is never removed here).
+            fsroot.unlink_at(dfd, name)
+        raise fsroot.NotRegularFile(errno.EINVAL, "not a lock file", path)
 
     def _open_pin(self, key: str) -> int:
         return self.open_lock_file(self.pin_path(key))
 
     def touch_pin(self, key: str) -> None:
-        os.close(self._open_pin(key))
+        try:
+            os.close(self._open_pin(key))
+        except OSError:
+            pass  # only the last-used stamp: never worth failing a publish
 
-    def pin(self, key: str) -> int:
+    def pin(self, key: str, timeout: float | None = None) -> int | None:
         """Take a shared flock on the entry's pin file and return the fd (keep it open while the
         library may be in use: the kernel drops the lock when the process dies). Also refreshes
-        the last-used stamp at most once per ``LAST_USED_INTERVAL``."""
+        the last-used stamp at most once per ``LAST_USED_INTERVAL``.
+
+        Waits at most ``timeout`` seconds (``None``: ``STUBCACHE_LOCK_TIMEOUT``) for an exclusive
+        holder (a prune removing the entry, or anyone holding ``LOCK_EX`` on it), then returns
+        ``None`` after one log line naming the holder: the caller loads without pinning."""
+        deadline = None
         while True:
-            fd = self._open_pin(key)
+            pfd = self.dir("pins", create=True)
             try:
-                fcntl.flock(fd, fcntl.LOCK_SH)
+                fd = self._open_lock_at(pfd, check_name(key), True, self.pin_path(key))
+            except BaseException:
+                os.close(pfd)
+                raise
+            try:
+                if not _try_flock(fd, fcntl.LOCK_SH):
+                    if deadline is None:  # only now: the uncontended hit path imports nothing
+                        if timeout is None:
+                            from .locking import lock_timeout_from_env
+
+                            timeout = lock_timeout_from_env()
+                        deadline = time.monotonic() + timeout
+                    locked = flock_within(fd, fcntl.LOCK_SH, max(deadline - time.monotonic(), 0.0))
+                else:
+                    locked = True
+                if not locked:
+                    _log.warning("stubcache: the pin of entry %s is held exclusively by %s for over %.0fs; "
+                                 "loading it without a pin (prune may remove it meanwhile)", key,
+                                 describe_holders(fd), timeout)
+                    os.close(fd)
+                    return None
                 st = os.fstat(fd)
                 try:
-                    current = os.stat(self.pin_path(key)).st_ino
+                    current = os.stat(key, dir_fd=pfd, follow_symlinks=False).st_ino
                 except FileNotFoundError:
                     current = None
                 if current != st.st_ino:
                     # prune removed this pin file while we waited: lock the one now in place
                     os.close(fd)
                     continue
-                if time.time() - st.st_mtime > LAST_USED_INTERVAL:
-                    os.utime(fd)
+                if time.time() - st.st_mtime > LAST_USED_INTERVAL and st.st_uid == os.geteuid():
+                    try:
+                        os.utime(fd)
+                    except OSError:
+                        pass
             except OSError:
                 os.close(fd)
                 raise
+            finally:
+                os.close(pfd)
             return fd
 
     # --- build bookkeeping ---------------------------------------------------------------
@@ -283,44 +493,76 @@ class Store:
 
     def write_lease(self, base: str, name: str) -> None:
         info = {"pid": os.getpid(), "host": os.uname().nodename, "started": time.time(), "name": name}
-        tmp = self.lease_path(base) + f".{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(info, fh)
-        os.replace(tmp, self.lease_path(base))
+        self._replace("leases", f"{base}.json", json.dumps(info).encode(), self.mode(0o600, 0o640))
 
-    def read_lease(self, base: str) -> dict | None:
+    def _replace(self, area: str, name: str, data: bytes, mode: int) -> None:
+        with self.at(area, create=True) as fd:
+            try:
+                fsroot.replace_at(fd, name, data, mode)
+            except (IsADirectoryError, NotADirectoryError):
+                fsroot.rmtree_at(fd, name)  # a directory planted where our file goes
+                fsroot.replace_at(fd, name, data, mode)
+
+    def _read_json(self, area: str, name: str) -> dict | None:
         try:
-            with open(self.lease_path(base), encoding="utf-8") as fh:
-                data = json.load(fh)
+            with self.at(area) as fd:
+                data = json.loads(fsroot.read_at(fd, name, fsroot.SMALL_CAP))
             return data if isinstance(data, dict) else None
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             return None
 
-    def clear_lease(self, base: str) -> None:
+    def _unlink(self, area: str, name: str) -> None:
         try:
-            os.unlink(self.lease_path(base))
-        except FileNotFoundError:
-            pass
+            with self.at(area) as fd:
+                fsroot.unlink_at(fd, name)
+        except OSError:
+            pass  # best-effort cleanup: a broken layout must not turn into an engine's error
+
+    def read_lease(self, base: str) -> dict | None:
+        """The lease of a build, or None; values are as written by whoever wrote the file (a
+        group member may have): check types and ranges before use."""
+        return self._read_json("leases", f"{base}.json")
+
+    def clear_lease(self, base: str) -> None:
+        self._unlink("leases", f"{base}.json")
 
     def failure_path(self, base: str) -> str:
         return os.path.join(self.base, "failures", f"{base}.json")
 
     def record_failure(self, base: str, output: str) -> None:
-        tmp = self.failure_path(base) + f".{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump({"time": time.time(), "pid": os.getpid(), "output": output}, fh)
-        os.replace(tmp, self.failure_path(base))
+        data = json.dumps({"time": time.time(), "pid": os.getpid(), "output": output[-(256 << 10):]})
+        try:
+            self._replace("failures", f"{base}.json", data.encode(), self.mode(0o600, 0o640))
+        except OSError:
+            pass  # waiters then time out or build themselves: the BuildError still reaches this caller
 
     def read_failure(self, base: str) -> dict | None:
-        try:
-            with open(self.failure_path(base), encoding="utf-8") as fh:
-                data = json.load(fh)
-            return data if isinstance(data, dict) else None
-        except (OSError, ValueError):
-            return None
+        return self._read_json("failures", f"{base}.json")
 
     def clear_failure(self, base: str) -> None:
-        try:
-            os.unlink(self.failure_path(base))
-        except FileNotFoundError:
-            pass
+        self._unlink("failures", f"{base}.json")
+
+
+class _DirCtx:
+    __slots__ = ("store", "parts", "create", "fd")
+
+    def __init__(self, store: Store, parts: tuple, create: bool) -> None:
+        self.store, self.parts, self.create, self.fd = store, parts, create, -1
+
+    def __enter__(self) -> int:
+        self.fd = self.store.dir(*self.parts, create=self.create)
+        return self.fd
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+_KEY_CHARS = frozenset("0123456789abcdef")
+_BASE_LOCK = __import__("threading").Lock()
+
+
+def is_key(name: str) -> bool:
+    """A key is lowercase hex (16-64 characters): anything else under entries/ is not an entry."""
+    return 16 <= len(name) <= 64 and _KEY_CHARS.issuperset(name)

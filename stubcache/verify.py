@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import os
-import stat
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from . import fsroot
 from .errors import TrustError
+from .fsroot import printable
 from .manifest import MANIFEST_NAME
 from .store import Store, file_sha256
 from .trust import TrustPolicy, load_policy
@@ -29,50 +31,68 @@ class VerifyResult:
 
 def check_entry(store: Store, key: str, policy: TrustPolicy | None = None) -> VerifyResult:
     """Check one entry: manifest parses and names this key, exactly the two expected files,
-    trusted ownership/permissions, no symlinks, and the library's size and SHA-256."""
+    trusted ownership/permissions, no symlinks, and the library's size and SHA-256.
+
+    Everything is read through the entry directory's descriptor (opened without following a
+    link); the library name from the manifest is only used relative to it, after the manifest
+    parser has rejected anything that is not a plain file name."""
     edir = store.entry_dir(key)
     if policy is None:
         policy = load_policy(store.root)
     try:
-        manifest = store.read_manifest(key)
+        efd = store.dir("entries", key)
     except FileNotFoundError:
-        if not os.path.lexists(edir):
-            return VerifyResult(key, "?", "gone", "removed while verifying")
-        return VerifyResult(key, "?", "bad", "manifest missing")
-    except (ValueError, OSError) as exc:
-        return VerifyResult(key, "?", "bad", f"manifest unreadable: {exc}")
-    name = str(manifest.name)
-    if manifest.key != key:
-        return VerifyResult(key, name, "bad", f"manifest describes key {manifest.key}")
+        return VerifyResult(key, "?", "gone", "removed while verifying")
+    except OSError as exc:
+        return VerifyResult(key, "?", "bad", f"not a directory ({exc.strerror})")
     try:
-        policy.check(os.lstat(edir), edir, "cache entry")
-        names = set(os.listdir(edir))
+        return _check_at(store, efd, edir, key, policy)
+    finally:
+        os.close(efd)
+
+
+def _check_at(store: Store, efd: int, edir: str, key: str, policy: TrustPolicy) -> VerifyResult:
+    try:
+        manifest = store.read_manifest_at(efd)
+    except FileNotFoundError:
+        return VerifyResult(key, "?", "bad", "manifest missing")
+    except fsroot.NotRegularFile as exc:
+        return VerifyResult(key, "?", "bad", f"manifest {exc.strerror}")
+    except (ValueError, OSError) as exc:
+        return VerifyResult(key, "?", "bad", f"manifest unreadable: {printable(exc)}")
+    name = printable(manifest.name)
+    if manifest.key != key:
+        return VerifyResult(key, name, "bad", f"manifest describes key {printable(manifest.key, 80)}")
+    try:
+        policy.check(os.fstat(efd), edir, "cache entry")
+        names = set(os.listdir(efd))
         expected = {MANIFEST_NAME, manifest.library}
         if names != expected:
-            return VerifyResult(key, name, "bad", f"unexpected files {sorted(names ^ expected)}")
+            return VerifyResult(key, name, "bad", f"unexpected files {printable(sorted(names ^ expected))}")
         lib = os.path.join(edir, manifest.library)
-        fd = os.open(lib, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            fd = fsroot.open_regular(efd, manifest.library)
+        except fsroot.NotRegularFile as exc:
+            return VerifyResult(key, name, "bad", f"library {exc.strerror}")
         try:
             st = os.fstat(fd)
             policy.check(st, lib, "library")
-            if not stat.S_ISREG(st.st_mode):
-                return VerifyResult(key, name, "bad", "library is not a regular file")
             if st.st_size != manifest.size:
                 return VerifyResult(key, name, "bad", f"size {st.st_size} != manifest {manifest.size}")
             digest = file_sha256(fd)
         finally:
             os.close(fd)
     except FileNotFoundError:
-        if not os.path.lexists(edir):
-            return VerifyResult(key, name, "gone", "removed while verifying")
         return VerifyResult(key, name, "bad", "library missing")
     except TrustError as exc:
-        return VerifyResult(key, name, "bad", str(exc))
+        return VerifyResult(key, name, "bad", printable(exc, 500))
     except OSError as exc:
-        return VerifyResult(key, name, "bad", f"cannot read: {exc}")
+        if exc.errno == errno.ELOOP:
+            return VerifyResult(key, name, "bad", "library is a symlink")
+        return VerifyResult(key, name, "bad", f"cannot read: {printable(exc)}")
     if digest != manifest.sha256:
         return VerifyResult(key, name, "bad", f"checksum mismatch (sha256 {digest[:12]}…, manifest "
-                                              f"{str(manifest.sha256)[:12]}…)")
+                                              f"{printable(manifest.sha256, 12)}…)")
     return VerifyResult(key, name, "ok")
 
 
@@ -95,23 +115,32 @@ def verify_store(store: Store, quarantine: bool = True) -> list[VerifyResult]:
 
 def _quarantine_locked(store: Store, key: str, policy: TrustPolicy, res: VerifyResult) -> VerifyResult:
     """Quarantine under the entry's build lock, after checking again: a builder may have
-    replaced the bad entry with a good one between our check and the move."""
-    import filelock
+    replaced the bad entry with a good one between our check and the move. The lock wait is
+    bounded (``STUBCACHE_LOCK_TIMEOUT``, at most 60 s) and the lock file is reached without
+    following links; the base key comes from the manifest only if it is a plain key."""
+    import fcntl
 
-    import re
+    from .locking import lock_timeout_from_env
+    from .store import flock_within, is_key
 
     try:
         base = store.read_manifest(key).base_key
     except (OSError, ValueError):
         base = key
-    if not isinstance(base, str) or not re.fullmatch(r"[0-9a-f]{16,64}", base):
+    if not isinstance(base, str) or not is_key(base):
         base = key  # a bad manifest's field must not become a path
-    lock = filelock.FileLock(store.lock_path(str(base)), mode=store.mode(0o600, 0o660), thread_local=False)
     try:
-        with lock.acquire(timeout=60):
-            res = check_entry(store, key, policy)
-            if res.status == "bad":
-                res.quarantined_to = store.quarantine(key, f"stubcache verify: {res.detail}")
-    except filelock.Timeout:
-        res.detail += " (not quarantined: its build lock stayed busy)"
+        fd = store.open_lock_file(store.lock_path(base))
+    except (OSError, ValueError) as exc:
+        res.detail += f" (not quarantined: cannot open its build lock: {printable(exc)})"
+        return res
+    try:
+        if not flock_within(fd, fcntl.LOCK_EX, min(lock_timeout_from_env(), 60.0)):
+            res.detail += " (not quarantined: its build lock stayed busy)"
+            return res
+        res = check_entry(store, key, policy)
+        if res.status == "bad":
+            res.quarantined_to = store.quarantine(key, f"stubcache verify: {res.detail}")
+    finally:
+        os.close(fd)
     return res

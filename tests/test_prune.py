@@ -214,9 +214,9 @@ LOADER = """
             failures += 1
             print("FAIL", type(exc).__name__, exc, flush=True)
         finally:
-            for fd in c._pins.values():
-                os.close(fd)
-            c._pins.clear()
+            # pins are per process (shared by instances): drop all but the long-lived hold
+            for slot in [s for s in c._pins if s[1] != held.key]:
+                os.close(c._pins.pop(slot))
     print("RESULT", loads, failures, flush=True)
 """
 

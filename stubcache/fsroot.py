@@ -1,0 +1,347 @@
+"""Every filesystem step under a cache root, done one way: through directory file descriptors.
+
+In a shared root any group member can rename, replace or plant anything below ``v1/``, and
+administrators run ``prune``/``verify``/``clear`` there as root. So nothing below the root is
+reached by a path string that the kernel resolves afresh: a directory is opened once, component
+by component, with ``O_NOFOLLOW|O_DIRECTORY`` (a planted symlink fails with ``ELOOP``), and every
+later step is relative to that descriptor (``dir_fd=``). Reads open with ``O_NONBLOCK|O_NOFOLLOW``,
+accept regular files only and are capped (a FIFO cannot hang a reader, a 10 GB file cannot
+exhaust memory). Tree removal is the standard library's fd-based ``shutil.rmtree``; a mode is
+only ever changed through a descriptor this module opened itself, on a directory we own.
+
+Names read from a directory or a manifest are checked with :func:`check_name` before they are
+used relative to a descriptor, and are printed through :func:`printable`.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+O_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+SMALL_CAP = 1 << 20        # leases, failure records, configs, memos, quarantine reasons
+EVENTS_CAP = 64 << 20      # one event file (an archive holds many processes' lines)
+MANIFEST_CAP = 1 << 30     # a manifest holds the spec's sources: tens of MB must still load
+
+
+class NotRegularFile(OSError):
+    """A path that should be a regular file is a FIFO, device, socket, directory or symlink."""
+
+
+class FileTooLarge(ValueError):
+    """A file is larger than the cap for what it is supposed to hold."""
+
+
+def kind(mode: int) -> str:
+    """A word for the file type in ``mode`` (for messages)."""
+    for test, word in ((stat.S_ISREG, "regular file"), (stat.S_ISDIR, "directory"), (stat.S_ISLNK, "symlink"),
+                       (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device")):
+        if test(mode):
+            return word
+    return "unknown file type"
+
+
+def printable(text: object, limit: int = 200) -> str:
+    """``text`` with control and non-printable characters escaped (``\\n``, ``\\x1b``...) and cut to
+    ``limit`` characters: for names and values from a root that someone else may have written."""
+    s = text if isinstance(text, str) else str(text)
+    if s.isprintable() and len(s) <= limit:
+        return s
+    out = s.encode("unicode_escape", "backslashreplace").decode("ascii") if not s.isprintable() else s
+    return out if len(out) <= limit else out[:limit] + "…"
+
+
+def check_name(name: str) -> str:
+    """``name`` if it is a single path component; ``ValueError`` for ``..``, ``/``, NUL, empty."""
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\0" in name:
+        raise ValueError(f"not a plain file name: {printable(repr(name))}")
+    return name
+
+
+def open_dir(path: str, *parts: str, create: bool = False, mode: int = 0o700) -> int:
+    """Open ``path`` and then each of ``parts`` below it, never following a symlink; returns an fd
+    (close it). ``path`` itself must not be a symlink (its parents may be). With ``create``,
+    missing components are made with ``mode`` (and ``fchmod``-ed to it, whatever the umask).
+    Raises ``OSError`` (``ELOOP`` for a symlink, ``ENOTDIR`` for another file type)."""
+    return open_dir_at(os.open(path, O_DIR), *parts, create=create, mode=mode, own=True)
+
+
+def open_dir_at(fd: int, *parts: str, create: bool = False, mode: int = 0o700, own: bool = False) -> int:
+    """:func:`open_dir` starting from the directory open as ``fd`` (which is closed only when
+    ``own``). With no ``parts``, a new descriptor of that directory."""
+    if not own:
+        fd = os.open(".", O_DIR, dir_fd=fd)
+    try:
+        for part in parts:
+            check_name(part)
+            try:
+                nfd = os.open(part, O_DIR, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                try:
+                    os.mkdir(part, mode, dir_fd=fd)
+                    made = True
+                except FileExistsError:
+                    made = False
+                nfd = os.open(part, O_DIR, dir_fd=fd)
+                if made:
+                    try:
+                        os.fchmod(nfd, mode)
+                    except OSError:
+                        pass
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+class Dir:
+    """``with Dir(path, *parts) as fd:`` — :func:`open_dir` as a context manager."""
+
+    __slots__ = ("fd", "_args", "_kw")
+
+    def __init__(self, path: str, *parts: str, **kw) -> None:
+        self._args = (path, *parts)
+        self._kw = kw
+        self.fd = -1
+
+    def __enter__(self) -> int:
+        self.fd = open_dir(*self._args, **self._kw)
+        return self.fd
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def mkdir_mode(path: str, mode: int) -> None:
+    """``mkdir`` then ``fchmod`` to exactly ``mode`` (whatever the umask) through an fd opened on
+    the new directory without following links."""
+    os.mkdir(path, 0o700)
+    fd = os.open(path, O_DIR)
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
+def listdir(dir_fd: int) -> list[str]:
+    """Sorted names in the directory open as ``dir_fd`` (hidden names included)."""
+    return sorted(os.listdir(dir_fd))
+
+
+def lstat_at(dir_fd: int, name: str) -> os.stat_result:
+    return os.stat(check_name(name), dir_fd=dir_fd, follow_symlinks=False)
+
+
+def open_regular(dir_fd: int | None, name: str, flags: int = 0) -> int:
+    """Open a regular file for reading without following a link or blocking on a FIFO; returns
+    the fd. ``NotRegularFile`` for any other type. (``O_NONBLOCK`` stays set: it means nothing
+    for a regular file.)"""
+    if dir_fd is None:
+        fd = os.open(name, O_READ | flags)
+    else:
+        fd = os.open(check_name(name), O_READ | flags, dir_fd=dir_fd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(errno.EINVAL, f"is a {kind(st.st_mode)}, not a regular file", name)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_fd(fd: int, cap: int, name: str = "file") -> bytes:
+    """The whole content of an open regular file, at most ``cap`` bytes (``FileTooLarge`` beyond)."""
+    size = os.fstat(fd).st_size
+    if size > cap:
+        raise FileTooLarge(f"{printable(name)} is {size} bytes, over the {cap}-byte limit for it")
+    chunks = []
+    total = 0
+    while True:
+        want = min(max(size - total, 0) + 1, cap + 1 - total)  # one more byte than expected: EOF seen
+        chunk = os.pread(fd, want, total)
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > cap:
+            raise FileTooLarge(f"{printable(name)} grew over the {cap}-byte limit while being read")
+        if len(chunk) < want:
+            break  # short read of a regular file: end of file
+    return b"".join(chunks)
+
+
+def read_at(dir_fd: int | None, name: str, cap: int = SMALL_CAP) -> bytes:
+    """Read a regular file ``name`` (relative to ``dir_fd``, or a path when ``dir_fd`` is None),
+    typed and bounded: :class:`NotRegularFile` (an ``OSError``) or :class:`FileTooLarge` (a
+    ``ValueError``) instead of blocking or reading without end."""
+    fd = open_regular(dir_fd, name)
+    try:
+        return read_fd(fd, cap, name)
+    finally:
+        os.close(fd)
+
+
+def write_new(dir_fd: int, name: str, data: bytes, mode: int) -> None:
+    """Create ``name`` (never an existing file or link) holding ``data``, then ``fchmod`` it."""
+    fd = os.open(check_name(name), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 mode, dir_fd=dir_fd)
+    try:
+        os.write(fd, data)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
+def replace_at(dir_fd: int, name: str, data: bytes, mode: int) -> None:
+    """Atomically replace ``name`` with a file holding ``data`` (temp file + ``rename``)."""
+    tmp = f".{check_name(name)}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    write_new(dir_fd, tmp, data, mode)
+    try:
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        unlink_at(dir_fd, tmp)
+        raise
+
+
+def unlink_at(dir_fd: int, name: str) -> bool:
+    """Remove a non-directory ``name`` (a link itself, never its target). False if it was gone."""
+    try:
+        os.unlink(check_name(name), dir_fd=dir_fd)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def rename_at(src_fd: int, src: str, dst_fd: int, dst: str) -> None:
+    os.rename(check_name(src), check_name(dst), src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+
+
+def _make_own_dirs_writable(dir_fd: int, name: str, depth: int = 0) -> None:
+    """Give ``u+rwx`` to directories below (and including) ``name`` that this uid owns and that
+    lack it (a build tree with a read-only directory), each through an fd opened here without
+    following links. Directories of other owners are left alone (nothing to do there but fail)."""
+    if depth > 64:
+        return
+    try:
+        fd = os.open(check_name(name), O_DIR, dir_fd=dir_fd)
+    except OSError:
+        return
+    try:
+        st = os.fstat(fd)
+        if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o700 != 0o700:
+            try:
+                os.fchmod(fd, stat.S_IMODE(st.st_mode) | 0o700)
+            except OSError:
+                return
+        for entry in os.scandir(fd):
+            if entry.is_dir(follow_symlinks=False):
+                _make_own_dirs_writable(fd, entry.name, depth + 1)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def rmtree_at(dir_fd: int, name: str) -> bool:
+    """Remove ``name`` below ``dir_fd`` whatever it is: a tree (fd-based ``shutil.rmtree``, which
+    never follows a symlink), or a file, link, FIFO... (unlinked). Returns True if it is gone."""
+    import shutil
+
+    check_name(name)
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return True
+    if not stat.S_ISDIR(st.st_mode):
+        return unlink_at(dir_fd, name) or True
+    for attempt in (0, 1):
+        try:
+            shutil.rmtree(name, dir_fd=dir_fd)
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            if attempt:
+                return False
+            _make_own_dirs_writable(dir_fd, name)
+    return False
+
+
+def rmtree(path: str) -> bool:
+    """:func:`rmtree_at` for an absolute ``path`` (its parent is opened without following)."""
+    parent, name = os.path.split(os.path.abspath(path))
+    try:
+        pfd = os.open(parent or "/", O_DIR)
+    except OSError:
+        return not os.path.lexists(path)
+    try:
+        return rmtree_at(pfd, name)
+    finally:
+        os.close(pfd)
+
+
+def try_flock(fd: int, op: int) -> bool:
+    """``flock(fd, op | LOCK_NB)``: True if taken, False if another open file holds a
+    conflicting lock. The one non-blocking lock attempt every other helper builds on."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, op | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    return True
+
+
+def flock_held_at(dir_fd: int, name: str) -> bool:
+    """True if some process holds a ``flock`` on the regular file ``name`` (probed with a
+    non-blocking exclusive lock, released at once). Missing or not a regular file: False."""
+    import fcntl
+
+    try:
+        fd = open_regular(dir_fd, name)
+    except (OSError, ValueError):
+        return False
+    try:
+        return not try_flock(fd, fcntl.LOCK_EX)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # closing drops the probe's lock
+
+
+def tree_size_at(dir_fd: int, name: str, limit: int = 100_000) -> int:
+    """Bytes of regular files under ``name`` (links not followed; at most ``limit`` files looked at)."""
+    try:
+        st = os.stat(check_name(name), dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return 0
+    if not stat.S_ISDIR(st.st_mode):
+        return st.st_size if stat.S_ISREG(st.st_mode) else 0
+    total = 0
+    seen = 0
+    try:
+        for _root, _dirs, files, rfd in os.fwalk(name, dir_fd=dir_fd):
+            for f in files:
+                seen += 1
+                if seen > limit:
+                    return total
+                try:
+                    s = os.stat(f, dir_fd=rfd, follow_symlinks=False)
+                    if stat.S_ISREG(s.st_mode):
+                        total += s.st_size
+                except OSError:
+                    pass
+    except OSError:
+        pass
+    return total
