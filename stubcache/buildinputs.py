@@ -135,8 +135,9 @@ def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: 
     if spec.effective_with_cuda:
         home = _cuda_home()
         if home:  # the CUDA toolkit is pinned by the nvcc identity in the fingerprint
-            pinned.append(os.path.realpath(home).rstrip("/") + "/")
-    return inputs.track(deps, build_dir, pinned, search, started_ns)
+            pinned += inputs.pinned_prefixes([home], None, None)
+    probes = inputs.has_include_names(spec.cpp_sources + spec.cuda_sources)
+    return inputs.track(deps, build_dir, pinned, search, started_ns, probes)
 
 
 def _cuda_home() -> str | None:

@@ -440,7 +440,7 @@ class StubCache:
         if manifest.key != key or manifest.base_key != base:
             return _Corrupt(key, "manifest describes another key")
         try:
-            if manifest.headers and not still_valid(manifest.headers, manifest.inputs,
+            if (manifest.headers or manifest.inputs) and not still_valid(manifest.headers, manifest.inputs,
                                                     self._sig_memo(store, key)):
                 return None
         except ValueError as exc:  # same key, so a rebuild could never replace it: quarantine

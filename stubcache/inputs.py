@@ -276,10 +276,20 @@ def pinned_prefixes(own_dirs: list[str], torch_dir: str | None, python_include: 
         roots.append(python_include)
     out = []
     for r in roots:
-        real = os.path.realpath(r).rstrip("/") + "/"
-        if real not in out:
-            out.append(real)
+        for form in (os.path.realpath(r), os.path.normpath(r)):
+            form = form.rstrip("/") + "/"
+            if form not in out:
+                out.append(form)
     return out
+
+
+def is_pinned(path: str, pinned: list[str]) -> bool:
+    """Whether ``path`` (as the compiler named it) is a file whose contents the fingerprint pins:
+    both the path itself and the file it resolves to lie under a pinned prefix. A symlink from a
+    user directory into a pinned one is not pinned: the link may be pointed elsewhere later."""
+    real = os.path.realpath(path).rstrip("/") + "/"  # a directory matches its own prefix
+    lexical = os.path.normpath(path).rstrip("/") + "/"
+    return any(real.startswith(p) for p in pinned) and any(lexical.startswith(p) for p in pinned)
 
 
 def parse_depfile(path: str) -> list[str]:
@@ -327,30 +337,71 @@ class Tracked:
         self.unstable = unstable
 
 
+_HAS_INCLUDE = None
+_QUOTED = None
+
+
+def has_include_names(texts: Iterable[str]) -> list[str]:
+    """The header names tested by ``__has_include``/``__has_include_next`` in ``texts`` (literal
+    ``"name"`` and ``<name>`` arguments). A name that is absent at build time reads no file, so
+    the dependency output never mentions it; a file appearing under it later flips the test."""
+    global _HAS_INCLUDE, _QUOTED
+    if _HAS_INCLUDE is None:
+        import re
+
+        _HAS_INCLUDE = re.compile(r'__has_include(?:_next)?\s*\(\s*(?:"([^"\n]+)"|<([^>\n]+)>)\s*\)')
+        _QUOTED = re.compile(r'^[ \t]*#[ \t]*include(?:_next)?[ \t]*"([^"\n]+)"', re.M)
+    out: list[str] = []
+    for text in texts:
+        if "__has_include" not in text:
+            continue
+        for quoted, angled in _HAS_INCLUDE.findall(text):
+            name = os.path.normpath(quoted or angled)
+            if name not in out:
+                out.append(name)
+    return out
+
+
+def quoted_include_names(text: str) -> list[str]:
+    """The names of the ``#include "name"`` lines in a header's text."""
+    has_include_names(())  # compiles the patterns
+    return [os.path.normpath(n) for n in _QUOTED.findall(text)] if '"' in text else []
+
+
 def track(deps: Iterable[str], build_dir: str, pinned: list[str], search: SearchPath | None,
-          started_ns: int) -> Tracked:
+          started_ns: int, probes: Iterable[str] = ()) -> Tracked:
     """Hash every dependency that is neither the build's own file nor pinned; record the shadow
-    candidates of each tracked header; flag files changed since ``started_ns`` (the compile's
-    start): their content may not be what the compiler read."""
+    candidates of each header (pinned ones too: a new file in a user directory shadows them as
+    well); flag files changed since ``started_ns`` (the compile's start): their content may not
+    be what the compiler read. ``probes`` are names tested by ``__has_include`` in the sources
+    (those in tracked headers are added here): the file each resolves to now is tracked, and a
+    name found nowhere is recorded as absent in every searched directory."""
     skip = os.path.realpath(build_dir).rstrip("/") + "/"
     files: dict[str, str] = {}
     sigs: dict[str, list] = {}
     unstable: list[str] = []
     headers: list[str] = []
-    for dep in deps:
-        path = os.path.normpath(os.path.join(build_dir, dep))
-        if path in files:
-            continue
-        real = os.path.realpath(path)
-        if real.startswith(skip) or any(real.startswith(p) for p in pinned):
-            continue
+    pinned_headers: list[str] = []
+    beside: dict[str, set] = {}
+    probes = list(probes)
+
+    def add(path: str, probe: bool = False) -> None:
+        if path in files or path in pinned_headers:
+            return
+        if os.path.realpath(path).startswith(skip):
+            return
+        is_header = not path.endswith((".o", ".a", ".so")) and ".so." not in os.path.basename(path)
+        if is_pinned(path, pinned):
+            if is_header:
+                pinned_headers.append(path)
+            return
         try:
             st0 = os.stat(path)
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
-            if not _driver_temporary(path):
+            if not probe and not _driver_temporary(path):
                 unstable.append(path)  # read by the build, gone now
-            continue
+            return
         try:
             digest = file_sha256(fd)
             st1 = os.fstat(fd)
@@ -362,12 +413,50 @@ def track(deps: Iterable[str], build_dir: str, pinned: list[str], search: Search
         files[path] = digest
         if _recordable(sig) is not None:
             sigs[path] = sig
-        if not path.endswith((".o", ".a", ".so")) and ".so." not in os.path.basename(path):
+        if is_header:
             headers.append(path)
+            text = _read_text(path)
+            tested = has_include_names([text])
+            for name in tested:
+                if name not in probes:
+                    probes.append(name)
+            for name in quoted_include_names(text) + tested:
+                # A quoted include looks beside the including file first: a file appearing
+                # there later is found instead of the one the compiler read.
+                beside.setdefault(os.path.dirname(path), set()).add(name)
+
+    for dep in deps:
+        add(os.path.normpath(os.path.join(build_dir, dep)))
+    absent_names: list[str] = []
+    for name in probes:  # may grow while headers found here are scanned
+        found = _resolve_probe(name, search)
+        if found is None:
+            absent_names.append(name)
+        else:
+            add(found, probe=True)
     record: dict = {"sigs": sigs}
     if search is not None:
-        record["shadows"] = shadow_candidates(headers, search, pinned)
+        record["shadows"] = shadow_candidates(headers + pinned_headers, search, pinned, absent_names, beside)
     return Tracked(files, record, unstable)
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return ""
+
+
+def _resolve_probe(name: str, search: SearchPath | None) -> str | None:
+    """Where a ``__has_include`` name resolves now (first match in search order), or None."""
+    if os.path.isabs(name):
+        return name if os.path.isfile(name) else None
+    for d in (search.dirs if search is not None else []):
+        cand = os.path.join(d, name)
+        if os.path.isfile(cand):
+            return cand
+    return None
 
 
 def _driver_temporary(path: str) -> bool:
@@ -379,24 +468,29 @@ def _driver_temporary(path: str) -> bool:
     return re.fullmatch(r"cc[A-Za-z0-9]{6}\.o", os.path.basename(path)) is not None
 
 
-def shadow_candidates(headers: list[str], search: SearchPath, pinned: list[str] = ()) -> dict:
+def shadow_candidates(headers: list[str], search: SearchPath, pinned: list[str] = (),
+                      absent_names: list[str] = (), beside: dict | None = None) -> dict:
     """``{directory: [dir signature, [names]]}``: for each header found under search directory D
     as ``rel``, the paths ``E/rel`` for every directory E searched before D (and every directory
-    the compiler skipped as missing) that do not exist now. Each candidate is filed under its
-    deepest existing ancestor (whose mtime changes when a name appears in it), as a path relative
-    to it. Directories under a pinned prefix are left out: their contents are pinned by version
-    like the headers in them."""
+    the compiler skipped as missing), and ``P/name`` for each ``#include "name"`` in a tracked
+    header in directory P (``beside``: a quoted include looks beside the including file first),
+    that do not exist now; for each of ``absent_names`` (a ``__has_include`` that found
+    nothing), that name in every directory.
+    Each candidate is filed under its deepest existing ancestor (whose mtime changes when a name
+    appears in it) as the one name that would have to appear there. Directories under a pinned
+    prefix are left out: their contents are pinned by version like the headers in them."""
     dirs = search.dirs
 
     def unpinned(d: str) -> bool:
-        real = os.path.realpath(d).rstrip("/") + "/"
-        return not any(real.startswith(p) for p in pinned)
+        return not is_pinned(d, list(pinned))
 
     open_dirs = {d for d in dirs + search.missing if unpinned(d)}
     missing = [d for d in search.missing if d in open_dirs]
-    out: dict[str, list] = {}
+    cands: set[str] = set()
+    for p, names in (beside or {}).items():
+        if unpinned(p):
+            cands.update(n if os.path.isabs(n) else os.path.join(p, n) for n in names)
     for header in headers:
-        cands: set[str] = set()
         for k, d in enumerate(dirs):
             if not header.startswith(d.rstrip("/") + "/"):
                 continue
@@ -404,16 +498,31 @@ def shadow_candidates(headers: list[str], search: SearchPath, pinned: list[str] 
             for e in dirs[:k] + missing:
                 if e in open_dirs:
                     cands.add(os.path.join(e, rel))
-        for c in sorted(cands):
-            if os.path.lexists(c):
-                continue  # present and not chosen (#include_next, or another spelling)
-            anc = os.path.dirname(c)
-            while not os.path.isdir(anc) and anc not in ("/", ""):
-                anc = os.path.dirname(anc)
-            slot = out.get(anc)
-            if slot is None:
-                slot = out[anc] = [_recordable(_dir_sig(anc)), []]
-            slot[1].append(os.path.relpath(c, anc))
+    for name in absent_names:
+        if os.path.isabs(name):
+            cands.add(name)
+            continue
+        for e in dirs + missing:
+            if e in open_dirs:
+                cands.add(os.path.join(e, name))
+    out: dict[str, list] = {}
+    for c in sorted(cands):
+        if os.path.lexists(c):
+            continue  # present and not chosen (#include_next, or another spelling)
+        anc = os.path.dirname(c)
+        while not os.path.isdir(anc) and anc not in ("/", ""):
+            anc = os.path.dirname(anc)
+        if not unpinned(anc):
+            continue  # inside a pinned directory (a nested search dir's spelling): pinned too
+        rel = os.path.relpath(c, anc)
+        first = rel.split(os.sep, 1)[0]
+        if not os.path.lexists(os.path.join(anc, first)):
+            rel = first  # nothing under it can appear unless this name does
+        slot = out.get(anc)
+        if slot is None:
+            slot = out[anc] = [_recordable(_dir_sig(anc)), []]
+        if rel not in slot[1]:
+            slot[1].append(rel)
     return out
 
 

@@ -31,10 +31,10 @@ def entry_key(base: str, headers: Mapping[str, str], absent: Sequence[str] = ())
 
     The absent paths are in the key because a lookup misses when one appears: the rebuild that
     follows records a different set and so publishes beside the old entry, never onto it (the
-    old one hits again once the path is gone). With no tracked files the entry key is the base
-    key itself.
+    old one hits again once the path is gone). With no tracked files and no
+    absent paths the entry key is the base key itself.
     """
-    if not headers:
+    if not headers and not absent:
         return base
     doc: dict[str, Any] = {"base": base, "headers": dict(sorted(headers.items()))}
     if absent:

@@ -177,7 +177,7 @@ class RemoteTier:
             raise BlobError("manifest pre-image differs from this host's (another toolchain or spec)")
         if len(library) != manifest.size or hashlib.sha256(library).hexdigest() != manifest.sha256:
             raise BlobError("library does not match the manifest's size and sha256")
-        if manifest.headers:
+        if manifest.headers or manifest.inputs:
             from ..inputs import still_valid
 
             try:
