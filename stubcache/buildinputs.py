@@ -137,7 +137,12 @@ def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: 
         if home:  # the CUDA toolkit is pinned by the nvcc identity in the fingerprint
             pinned += inputs.pinned_prefixes([home], None, None)
     probes = inputs.has_include_names(spec.cpp_sources + spec.cuda_sources)
-    return inputs.track(deps, build_dir, pinned, search, started_ns, probes)
+    tracked = inputs.track(deps, build_dir, pinned, search, started_ns, probes)
+    libs = inputs.library_candidates([os.path.join(build_dir, d) for d in deps], spec.extra_ldflags,
+                                     os.environ.get("LIBRARY_PATH"))
+    if libs:
+        tracked.record["shadows"] = inputs.file_candidates(libs, pinned, tracked.record.get("shadows") or {})
+    return tracked
 
 
 def _cuda_home() -> str | None:

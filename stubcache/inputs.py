@@ -505,8 +505,18 @@ def shadow_candidates(headers: list[str], search: SearchPath, pinned: list[str] 
         for e in dirs + missing:
             if e in open_dirs:
                 cands.add(os.path.join(e, name))
-    out: dict[str, list] = {}
-    for c in sorted(cands):
+    return file_candidates(cands, pinned)
+
+
+def file_candidates(cands: Iterable[str], pinned: list[str] = (), out: dict | None = None) -> dict:
+    """File absolute paths that would change the build if they appeared into ``out``
+    (``{directory: [dir signature, [names]]}``, see :func:`shadow_candidates`)."""
+
+    def unpinned(d: str) -> bool:
+        return not is_pinned(d, list(pinned))
+
+    out = {} if out is None else out
+    for c in sorted(set(cands)):
         if os.path.lexists(c):
             continue  # present and not chosen (#include_next, or another spelling)
         anc = os.path.dirname(c)
@@ -523,6 +533,48 @@ def shadow_candidates(headers: list[str], search: SearchPath, pinned: list[str] 
             slot = out[anc] = [_recordable(_dir_sig(anc)), []]
         if rel not in slot[1]:
             slot[1].append(rel)
+    return out
+
+
+def library_candidates(deps: Iterable[str], ldflags: Iterable[str], library_path: str | None) -> list[str]:
+    """Paths where a new file would change what ``-lNAME`` links: for each library the linker
+    read from a directory of the ``-L`` list (then ``LIBRARY_PATH``), ``libNAME.so`` and
+    ``libNAME.a`` in every directory searched before it, and ``libNAME.so`` beside a chosen
+    ``libNAME.a`` (the linker prefers the shared one in one directory). A library found in a
+    default directory of the linker is shadowed by the whole list."""
+    dirs: list[str] = []
+    names: list[str] = []
+    flags = list(ldflags)
+    i = 0
+    while i < len(flags):
+        f = flags[i]
+        if f in ("-L", "-l") and i + 1 < len(flags):
+            (dirs if f == "-L" else names).append(flags[i + 1])
+            i += 2
+            continue
+        if f.startswith("-L") and len(f) > 2:
+            dirs.append(f[2:])
+        elif f.startswith("-l") and len(f) > 2:
+            names.append(f[2:])
+        i += 1
+    dirs = [os.path.normpath(d) for d in dirs if os.path.isabs(d)]
+    dirs += [os.path.normpath(d) for d in (library_path or "").split(":") if os.path.isabs(d)]
+    wanted = {}
+    for n in names:
+        files = [n[1:]] if n.startswith(":") else [f"lib{n}.so", f"lib{n}.a"]
+        for f in files:
+            wanted[f] = files
+    out: list[str] = []
+    for dep in deps:
+        base = os.path.basename(dep)
+        files = wanted.get(base)
+        if files is None:
+            continue
+        where = os.path.dirname(os.path.normpath(dep))
+        before = dirs[:dirs.index(where)] if where in dirs else dirs
+        out += [os.path.join(d, f) for d in before for f in files]
+        if base.endswith(".a") and files[0].endswith(".so"):
+            out.append(os.path.join(where, files[0]))
     return out
 
 

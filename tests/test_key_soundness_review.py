@@ -90,3 +90,38 @@ def test_new_header_beside_the_including_header_misses(cache_root, cxx, tmp_path
     spec = {"name": "beside", "cpp_sources": value_src('#include "sub/a.h"'),
             "extra_include_paths": [str(inc), str(inc2)]}
     cycle(cxx, spec, lambda: beside.write_text("#define VAL 2\n"), beside.unlink)
+
+
+def _archive(tmp_path, out, n: int, shared: bool = False) -> None:
+    src = tmp_path / f"dep{n}.c"
+    src.write_text(f"int dep_value(void) {{ return {n}; }}\n")
+    out.unlink(missing_ok=True)
+    if shared:
+        subprocess.run(["cc", "-shared", "-fPIC", str(src), "-o", str(out)], check=True)
+        return
+    obj = tmp_path / f"dep{n}.o"
+    subprocess.run(["cc", "-fPIC", "-c", str(src), "-o", str(obj)], check=True)
+    subprocess.run(["ar", "rcs", str(out), str(obj)], check=True)
+
+
+DEP_SRC = 'extern "C" int dep_value(void);\nextern "C" int value(void) { return dep_value(); }\n'
+
+
+def test_new_archive_in_an_earlier_library_dir_misses(cache_root, cxx, tmp_path):
+    """``-lNAME`` takes the first match along the ``-L`` list: a new archive in a directory
+    searched before the one used is what a fresh link would take."""
+    l1, l2 = tmp_path / "l1", tmp_path / "l2"
+    l1.mkdir()
+    l2.mkdir()
+    _archive(tmp_path, l2 / "libdep.a", 1)
+    spec = {"name": "lib_shadow", "cpp_sources": DEP_SRC, "extra_ldflags": [f"-L{l1}", "-L", str(l2), "-ldep"]}
+    cycle(cxx, spec, lambda: _archive(tmp_path, l1 / "libdep.a", 2), (l1 / "libdep.a").unlink)
+
+
+def test_new_shared_library_beside_the_archive_misses(cache_root, cxx, tmp_path):
+    """In one directory the linker prefers ``libNAME.so`` to ``libNAME.a``."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    _archive(tmp_path, lib / "libdep.a", 1)
+    spec = {"name": "lib_so", "cpp_sources": DEP_SRC, "extra_ldflags": [f"-L{lib}", f"-Wl,-rpath,{lib}", "-ldep"]}
+    cycle(cxx, spec, lambda: _archive(tmp_path, lib / "libdep.so", 2, shared=True), (lib / "libdep.so").unlink)
