@@ -34,6 +34,21 @@ from .store import file_sha256
 # coarse clock that lags time.time() by up to a jiffy.
 CLOCK_SLACK_NS = 20_000_000
 
+
+
+def slack_ns(stamp_ns: int) -> int:
+    """How close to now a timestamp must be to count as "maybe still being written": the clock
+    slack, or twice the file system's timestamp granularity if that is coarser. ext3, ext4 with
+    128-byte inodes and FAT stamp whole seconds: two writes within one second leave the same
+    mtime and ctime. The granularity is read off the stamp (the largest power of ten dividing
+    it); on a nanosecond file system that only rarely overestimates it, which costs nothing but
+    caution."""
+    gran = 1
+    while gran < 1_000_000_000 and stamp_ns % (gran * 10) == 0:
+        gran *= 10
+    return max(CLOCK_SLACK_NS, 2 * gran)
+
+
 DEPFILE = "stubcache.deps"  # relative to the build directory, so no staging path leaks
 LINK_DEPFILE = "stubcache.link.deps"
 
@@ -57,7 +72,7 @@ def _dir_sig(path: str) -> list | None:
 def _recordable(sig: list | None) -> list | None:
     """A signature stamped within the clock's slack of now could be reused by a write that
     follows at once; record none (the lookup then checks the slow way)."""
-    if sig is None or sig[-1] >= time.time_ns() - CLOCK_SLACK_NS:
+    if sig is None or sig[-1] >= time.time_ns() - slack_ns(sig[-1]):
         return None
     return sig
 
@@ -170,7 +185,7 @@ def changed_inputs(files: dict, inputs: dict | None) -> list[str]:
 def _stable(path: str, sig: list) -> bool:
     """A hash may be memoised only if the file is not being written right now."""
     try:
-        return signature(os.stat(path)) == sig and sig[4] < time.time_ns() - CLOCK_SLACK_NS
+        return signature(os.stat(path)) == sig and sig[4] < time.time_ns() - slack_ns(sig[4])
     except OSError:
         return False
 
@@ -408,7 +423,7 @@ def track(deps: Iterable[str], build_dir: str, pinned: list[str], search: Search
         finally:
             os.close(fd)
         sig = signature(st1)
-        if signature(st0) != sig or st1.st_ctime_ns >= started_ns - CLOCK_SLACK_NS:
+        if signature(st0) != sig or st1.st_ctime_ns >= started_ns - slack_ns(st1.st_ctime_ns):
             unstable.append(path)
         files[path] = digest
         if _recordable(sig) is not None:

@@ -5,9 +5,13 @@ revert -> the old entry hits again without a compile)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import time
 
-from .test_key_soundness import cycle, value_src
+import pytest
+
+from .test_key_soundness import child, cycle, value_src
 
 
 def test_a_file_appearing_under_a_has_include_name_misses(cache_root, cxx, tmp_path):
@@ -125,3 +129,54 @@ def test_new_shared_library_beside_the_archive_misses(cache_root, cxx, tmp_path)
     _archive(tmp_path, lib / "libdep.a", 1)
     spec = {"name": "lib_so", "cpp_sources": DEP_SRC, "extra_ldflags": [f"-L{lib}", f"-Wl,-rpath,{lib}", "-ldep"]}
     cycle(cxx, spec, lambda: _archive(tmp_path, lib / "libdep.so", 2, shared=True), (lib / "libdep.so").unlink)
+
+
+@pytest.fixture
+def coarse_fs(tmp_path):
+    """A file system that stamps whole seconds (ext4 with 128-byte inodes, like ext3), mounted
+    on a loop device; skipped where that is not allowed."""
+    if os.geteuid() != 0 or shutil.which("mkfs.ext4") is None:
+        pytest.skip("needs root and mkfs.ext4 to mount a loop file system")
+    img, mnt = tmp_path / "coarse.img", tmp_path / "coarse"
+    mnt.mkdir()
+    with open(img, "wb") as fh:
+        fh.truncate(16 << 20)
+    made = subprocess.run(["mkfs.ext4", "-q", "-F", "-I", "128", str(img)], capture_output=True)
+    if made.returncode != 0 or subprocess.run(["mount", "-o", "loop", str(img), str(mnt)],
+                                              capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a loop file system here")
+    try:
+        probe = mnt / "probe"
+        probe.write_text("x")
+        if os.stat(probe).st_mtime_ns % 1_000_000_000:
+            pytest.skip("the loop file system stamps finer than seconds")
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_same_second_edit_on_a_coarse_timestamp_file_system_misses(cache_root, coarse_fs):
+    """Two same-size writes within one second leave the same size, inode, mtime and ctime on a
+    whole-second file system: a recorded signature must not vouch for the second one."""
+    inc = coarse_fs / "inc"
+    inc.mkdir()
+    header = inc / "val.h"
+    header.write_text("#define VAL 0\n")
+    spec = {"name": "coarse", "cpp_sources": value_src('#include "val.h"'), "extra_include_paths": [str(inc)]}
+    child(spec)  # probes the toolchain, so the builds below take well under a second
+    for _ in range(5):
+        while not 0.05 < time.time() % 1 < 0.1:
+            time.sleep(0.002)
+        second = int(time.time())
+        with open(header, "r+") as fh:
+            fh.write("#define VAL 1\n")
+        v1, _, _ = child(spec)
+        with open(header, "r+") as fh:  # in place: same inode, same size
+            fh.write("#define VAL 2\n")
+        if int(time.time()) != second:
+            continue  # too slow to land both writes in one second; try again
+        assert v1 == 1
+        v2, _, _ = child(spec)
+        assert v2 == 2, "a fresh process loaded the library built from the first write"
+        return
+    pytest.skip("could not land two writes and a build within one second")
