@@ -210,6 +210,8 @@ class StubCache:
             fp = dict(fp, cuda=fingerprint.cuda_fingerprint(state))
         if spec.host_targets:
             fp = dict(fp, native=fingerprint.native_target(spec.host_targets, state))
+        if spec.tool_flags:
+            fp = dict(fp, tools=fingerprint.flag_tools(spec.tool_flags, state))
         return fp
 
     def _lock_timeout_s(self) -> float:

@@ -492,6 +492,42 @@ def native_target(flags: tuple, state_dir: str | None) -> dict[str, Any]:
     return value
 
 
+_flag_tools: dict[tuple, dict[str, Any]] = {}
+
+
+def flag_tools(flags: tuple, state_dir: str | None) -> dict[str, Any]:
+    """The assembler and linker that the compiler driver runs with ``flags`` (``-fuse-ld=gold``,
+    ``-B DIR``), each by resolved path, SHA-256 and version: the probed default ones in the
+    fingerprint are not the ones such a build uses. Memoised per compiler, flags and ``PATH``;
+    re-probed when a found program's file changes."""
+    cxx = os.environ.get("CXX", "c++")
+    with _lock:
+        cached = _flag_tools.get((cxx, flags))
+    if cached is not None:
+        return cached
+    ident = compiler_identity(cxx, state_dir)
+    memo_key = f"tools:{ident.get('path')}:{ident.get('version')}:{flags}:{os.environ.get('PATH', '')}"
+
+    def compute() -> dict:
+        import shlex
+
+        words = shlex.split(cxx) or [cxx]
+        names = _run_all([[*words, *flags, f"-print-prog-name={prog}"] for prog in ("as", "ld")])
+        value: dict[str, Any] = {"flags": list(flags), "validators": []}
+        for prog, name in zip(("as", "ld"), names):
+            tool = _tool(name.strip())
+            value[prog] = tool
+            if tool:
+                value["validators"].append([tool["path"], _sig(tool["path"])])
+        return value
+
+    value = _memo(state_dir, memo_key, compute, valid=_real_tools_unchanged)
+    value = {k: v for k, v in value.items() if k != "validators"}
+    with _lock:
+        _flag_tools[(cxx, flags)] = value
+    return value
+
+
 def _libc() -> str:
     try:
         return os.confstr("CS_GNU_LIBC_VERSION") or "unknown"
@@ -676,3 +712,4 @@ def reset_for_tests() -> None:
         _torch_dir = None
         _compilers.clear()
         _natives.clear()
+        _flag_tools.clear()

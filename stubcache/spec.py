@@ -17,6 +17,9 @@ _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}\Z")
 _TORCH_TOKENS = ("torch::", "at::", "c10::", "TORCH_", "PYBIND11_", "py::")
 _TORCH_INCLUDE_RE = re.compile(r"#\s*include\s*[<\"](?:torch|ATen|c10|pybind11|caffe2)/")
 
+# Flags that make the compiler driver run another assembler or linker than its default one.
+TOOL_FLAG_PREFIXES = ("-fuse-ld=", "--ld-path=", "-B")
+
 FunctionsT = "Sequence[str] | Mapping[str, str] | str | None"
 
 
@@ -152,7 +155,7 @@ class StubSpec:
         "name", "cpp_sources", "cuda_sources", "functions", "extra_cflags", "extra_cuda_cflags",
         "extra_ldflags", "extra_include_paths", "with_cuda", "is_python_module",
         "with_pytorch_error_handling", "no_implicit_headers", "builder", "_canonical", "_base_key",
-        "_mentions", "_host_targets",
+        "_mentions", "_host_targets", "_tool_flags",
     )
 
     def __init__(
@@ -195,6 +198,10 @@ class StubSpec:
         _set(self, "_host_targets", tuple(
             f for f in self.extra_cflags + self.extra_cuda_cflags
             if f.endswith("=native") and f.startswith(("-march=", "-mtune=", "-mcpu=", "-Xcompiler"))))
+        flags = self.extra_cflags + self.extra_ldflags
+        _set(self, "_tool_flags", tuple(
+            f for i, f in enumerate(flags)
+            if f.startswith(TOOL_FLAG_PREFIXES) or (i and flags[i - 1] == "-B")))
         if builder == "direct" and not self._direct_ok():
             raise ValueError(f"stub {name!r} cannot take the direct build path: it needs torch headers, "
                              "a Python module or CUDA")
@@ -264,6 +271,12 @@ class StubSpec:
     def host_targets(self) -> tuple[str, ...]:
         """Flags whose meaning depends on this machine's CPU (``-march=native`` and friends)."""
         return self._host_targets
+
+    @property
+    def tool_flags(self) -> tuple[str, ...]:
+        """Flags that choose which assembler or linker the compiler driver runs (``-fuse-ld=``,
+        ``--ld-path=``, ``-B``): the programs they select are identified in the key."""
+        return self._tool_flags
 
     @property
     def tracks_headers(self) -> bool:

@@ -180,3 +180,28 @@ def test_same_second_edit_on_a_coarse_timestamp_file_system_misses(cache_root, c
         assert v2 == 2, "a fresh process loaded the library built from the first write"
         return
     pytest.skip("could not land two writes and a build within one second")
+
+
+def test_linker_chosen_by_the_spec_flags_is_identified(cache_root, cxx, tmp_path):
+    """``-B DIR -fuse-ld=gold`` makes the driver run ``DIR/ld.gold``, not the linker the
+    fingerprint probed: changing that program must miss. (Here the linker script links in an
+    archive of its own, which the link's dependency output names and so is tracked; only the
+    program changes.)"""
+    if shutil.which("ld.gold") is None:
+        pytest.skip("needs ld.gold")
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for n in (1, 2):
+        _archive(tmp_path, tools / f"libv{n}.a", n)
+    gold = tools / "ld.gold"
+
+    def use(n: int):
+        def go():
+            gold.unlink(missing_ok=True)
+            gold.write_text(f'#!/bin/sh\nexec {shutil.which("ld.gold")} "$@" {tools}/libv{n}.a\n')
+            gold.chmod(0o755)
+        return go
+
+    use(1)()
+    spec = {"name": "own_linker", "cpp_sources": DEP_SRC, "extra_ldflags": [f"-B{tools}/", "-fuse-ld=gold"]}
+    cycle(cxx, spec, use(2), use(1))
