@@ -115,7 +115,7 @@ def start_search_probe(spec: StubSpec, build_dir: str) -> subprocess.Popen | Non
 def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: int,
                    probe: subprocess.Popen | None = None) -> inputs.Tracked:
     """Hash what the build read (see :mod:`stubcache.inputs`)."""
-    if not deps:
+    if not deps and not inputs.files_named_by_flags(spec.extra_cflags + spec.extra_ldflags):
         if probe is not None:
             probe.kill()
             probe.wait()
@@ -137,7 +137,8 @@ def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: 
         if home:  # the CUDA toolkit is pinned by the nvcc identity in the fingerprint
             pinned += inputs.pinned_prefixes([home], None, None)
     probes = inputs.has_include_names(spec.cpp_sources + spec.cuda_sources)
-    tracked = inputs.track(deps, build_dir, pinned, search, started_ns, probes)
+    named = inputs.files_named_by_flags(spec.extra_cflags + spec.extra_cuda_cflags + spec.extra_ldflags)
+    tracked = inputs.track([*deps, *named], build_dir, pinned, search, started_ns, probes)
     libs = inputs.library_candidates([os.path.join(build_dir, d) for d in deps], spec.extra_ldflags,
                                      os.environ.get("LIBRARY_PATH"))
     if libs:

@@ -551,6 +551,36 @@ def file_candidates(cands: Iterable[str], pinned: list[str] = (), out: dict | No
     return out
 
 
+def files_named_by_flags(flags: Iterable[str]) -> list[str]:
+    """Absolute paths of existing files that flags name (``@RESPONSE`` files and the ones they
+    name, ``-specs=FILE``, ``-fprofile-use=FILE``, ``-fplugin=FILE``, ``-Wl,--version-script,FILE``
+    …): the compiler reads them, but not all of them reach its dependency output. Any flag value
+    that is an absolute path to a regular file counts."""
+    out: list[str] = []
+    todo = list(flags)
+    seen = 0
+    while todo and seen < 1000:  # response files can name each other
+        flag = todo.pop(0)
+        seen += 1
+        words = [flag[1:]] if flag.startswith("@") else []
+        if flag.startswith(("-Wl,", "-Wa,", "-Wp,", "-Xlinker")):
+            words += flag.split(",")[1:]
+        words += [w.split("=", 1)[1] for w in [flag, *words] if "=" in w]
+        words.append(flag)
+        for w in words:
+            w = w[1:] if w.startswith("@") else w
+            if os.path.isabs(w) and w not in out and os.path.isfile(w):
+                out.append(w)
+                if flag.startswith("@") or (w != flag and flag.endswith("@" + w)):
+                    import shlex
+
+                    try:
+                        todo += shlex.split(_read_text(w))
+                    except ValueError:
+                        pass
+    return out
+
+
 def library_candidates(deps: Iterable[str], ldflags: Iterable[str], library_path: str | None) -> list[str]:
     """Paths where a new file would change what ``-lNAME`` links: for each library the linker
     read from a directory of the ``-L`` list (then ``LIBRARY_PATH``), ``libNAME.so`` and

@@ -205,3 +205,21 @@ def test_linker_chosen_by_the_spec_flags_is_identified(cache_root, cxx, tmp_path
     use(1)()
     spec = {"name": "own_linker", "cpp_sources": DEP_SRC, "extra_ldflags": [f"-B{tools}/", "-fuse-ld=gold"]}
     cycle(cxx, spec, use(2), use(1))
+
+
+def test_files_named_by_flags_are_tracked(cache_root, cxx, tmp_path):
+    """A response file (``@FILE``) and a specs file hold flags: gcc reads them but lists
+    neither in its dependency output."""
+    rsp, nested = tmp_path / "flags.rsp", tmp_path / "nested.rsp"
+    nested.write_text("-DVAL=1\n")
+    rsp.write_text(f"-O1 @{nested}\n")
+    spec = {"name": "rspfile", "cpp_sources": value_src(), "extra_cflags": [f"@{rsp}"]}
+    cycle(cxx, spec, lambda: nested.write_text("-DVAL=2\n"), lambda: nested.write_text("-DVAL=1\n"))
+
+
+def test_specs_file_is_tracked(cache_root, cxx, tmp_path):
+    specs = tmp_path / "my.specs"
+    specs.write_text("*cc1plus:\n+ -DVAL=1\n")
+    spec = {"name": "specsfile", "cpp_sources": value_src(), "extra_cflags": [f"-specs={specs}"]}
+    cycle(cxx, spec, lambda: specs.write_text("*cc1plus:\n+ -DVAL=2\n"),
+          lambda: specs.write_text("*cc1plus:\n+ -DVAL=1\n"))
