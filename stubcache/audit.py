@@ -94,7 +94,7 @@ def rebuild_entry(store: Store, key: str) -> AuditResult:
         fields = ", ".join(d[0] for d in diffs[:4])
         return AuditResult(key, spec.name, "skipped", f"built with another toolchain ({fields})")
     try:
-        if manifest.headers and not inputs.still_valid(manifest.headers, manifest.inputs):
+        if (manifest.headers or manifest.inputs) and not inputs.still_valid(manifest.headers, manifest.inputs):
             return AuditResult(key, spec.name, "skipped", "its tracked inputs changed since (it would miss now)")
     except ValueError as exc:
         return AuditResult(key, spec.name, "skipped", str(exc))
