@@ -289,7 +289,7 @@ def compiler_identity(command: str, state_dir: str | None) -> dict[str, Any]:
         dsig = _sig(driver) if driver else None
         # A wrapper finds the real compiler on PATH, so PATH is part of what this memo means.
         memo_key = (f"cc4:{command}:{found}:{path}:{st.st_size}:{st.st_mtime_ns}:{os.environ.get('PATH', '')}:"
-                    f"{driver and os.path.realpath(driver)}:{dsig}")
+                    f"{driver and os.path.realpath(driver)}:{dsig}:{_tool_env()}")
 
         def compute() -> dict:
             value = _probe_compiler([found, *words[1:]])
@@ -304,6 +304,15 @@ def compiler_identity(command: str, state_dir: str | None) -> dict[str, Any]:
     with _lock:
         _compilers[command] = ident
     return ident
+
+
+# Variables that change which programs the driver runs (or with what options), so what a
+# compiler probe found holds only for their values.
+TOOL_ENV_VARS = ("COMPILER_PATH", "GCC_EXEC_PREFIX", "CCC_OVERRIDE_OPTIONS")
+
+
+def _tool_env() -> list:
+    return [os.environ.get(v) for v in TOOL_ENV_VARS]
 
 
 WRAPPERS = ("ccache", "sccache", "buildcache")
@@ -506,7 +515,8 @@ def flag_tools(flags: tuple, state_dir: str | None) -> dict[str, Any]:
     if cached is not None:
         return cached
     ident = compiler_identity(cxx, state_dir)
-    memo_key = f"tools:{ident.get('path')}:{ident.get('version')}:{flags}:{os.environ.get('PATH', '')}"
+    memo_key = (f"tools:{ident.get('path')}:{ident.get('version')}:{flags}:{os.environ.get('PATH', '')}:"
+                f"{_tool_env()}")
 
     def compute() -> dict:
         import shlex

@@ -223,3 +223,25 @@ def test_specs_file_is_tracked(cache_root, cxx, tmp_path):
     spec = {"name": "specsfile", "cpp_sources": value_src(), "extra_cflags": [f"-specs={specs}"]}
     cycle(cxx, spec, lambda: specs.write_text("*cc1plus:\n+ -DVAL=2\n"),
           lambda: specs.write_text("*cc1plus:\n+ -DVAL=1\n"))
+
+
+def test_compiler_path_linker_is_identified_even_after_a_probe_without_it(cache_root, cxx, tmp_path):
+    """``COMPILER_PATH`` makes the driver run the ``ld`` found there. A compiler probe memoised
+    by a process without it must not stand for a process with it."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for n in (1, 2):
+        _archive(tmp_path, tools / f"libv{n}.a", n)
+    ld = tools / "ld"
+
+    def use(n: int):
+        def go():
+            ld.unlink(missing_ok=True)
+            ld.write_text(f'#!/bin/sh\nexec {shutil.which("ld")} "$@" {tools}/libv{n}.a\n')
+            ld.chmod(0o755)
+        return go
+
+    use(1)()
+    child({"name": "no_compiler_path", "cpp_sources": value_src("#define VAL 7")})  # memoises the probe
+    spec = {"name": "compiler_path", "cpp_sources": DEP_SRC}
+    cycle(cxx, spec, use(2), use(1), env={"COMPILER_PATH": str(tools)})
