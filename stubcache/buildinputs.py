@@ -142,7 +142,8 @@ def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: 
     libs = inputs.library_candidates([os.path.join(build_dir, d) for d in deps], spec.extra_ldflags,
                                      os.environ.get("LIBRARY_PATH"))
     if libs:
-        tracked.record["shadows"] = inputs.file_candidates(libs, pinned, tracked.record.get("shadows") or {})
+        tracked.record["shadows"] = inputs.file_candidates(libs, pinned, tracked.record.get("shadows") or {},
+                                                          started_ns, tracked.unstable)
     return tracked
 
 

@@ -451,7 +451,8 @@ def track(deps: Iterable[str], build_dir: str, pinned: list[str], search: Search
             add(found, probe=True)
     record: dict = {"sigs": sigs}
     if search is not None:
-        record["shadows"] = shadow_candidates(headers + pinned_headers, search, pinned, absent_names, beside)
+        record["shadows"] = shadow_candidates(headers + pinned_headers, search, pinned, absent_names, beside,
+                                              started_ns, unstable)
     return Tracked(files, record, unstable)
 
 
@@ -484,7 +485,8 @@ def _driver_temporary(path: str) -> bool:
 
 
 def shadow_candidates(headers: list[str], search: SearchPath, pinned: list[str] = (),
-                      absent_names: list[str] = (), beside: dict | None = None) -> dict:
+                      absent_names: list[str] = (), beside: dict | None = None, started_ns: int | None = None,
+                      unstable: list | None = None) -> dict:
     """``{directory: [dir signature, [names]]}``: for each header found under search directory D
     as ``rel``, the paths ``E/rel`` for every directory E searched before D (and every directory
     the compiler skipped as missing), and ``P/name`` for each ``#include "name"`` in a tracked
@@ -520,20 +522,30 @@ def shadow_candidates(headers: list[str], search: SearchPath, pinned: list[str] 
         for e in dirs + missing:
             if e in open_dirs:
                 cands.add(os.path.join(e, name))
-    return file_candidates(cands, pinned)
+    return file_candidates(cands, pinned, None, started_ns, unstable)
 
 
-def file_candidates(cands: Iterable[str], pinned: list[str] = (), out: dict | None = None) -> dict:
+def file_candidates(cands: Iterable[str], pinned: list[str] = (), out: dict | None = None,
+                    started_ns: int | None = None, unstable: list | None = None) -> dict:
     """File absolute paths that would change the build if they appeared into ``out``
-    (``{directory: [dir signature, [names]]}``, see :func:`shadow_candidates`)."""
+    (``{directory: [dir signature, [names]]}``, see :func:`shadow_candidates`). A candidate
+    that exists already is not one; if it appeared after ``started_ns`` (while the build ran:
+    the compiler may have searched before it did) it goes to ``unstable``."""
 
     def unpinned(d: str) -> bool:
         return not is_pinned(d, list(pinned))
 
     out = {} if out is None else out
     for c in sorted(set(cands)):
-        if os.path.lexists(c):
-            continue  # present and not chosen (#include_next, or another spelling)
+        try:
+            st = os.lstat(c)
+        except OSError:
+            st = None
+        if st is not None:  # present and not chosen (#include_next, or another spelling) ...
+            if (started_ns is not None and unstable is not None
+                    and st.st_ctime_ns >= started_ns - slack_ns(st.st_ctime_ns)):
+                unstable.append(c)  # ... unless it appeared while the compiler searched
+            continue
         anc = os.path.dirname(c)
         while not os.path.isdir(anc) and anc not in ("/", ""):
             anc = os.path.dirname(anc)

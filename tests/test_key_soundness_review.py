@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import textwrap
 import time
 
 import pytest
@@ -245,3 +246,32 @@ def test_compiler_path_linker_is_identified_even_after_a_probe_without_it(cache_
     child({"name": "no_compiler_path", "cpp_sources": value_src("#define VAL 7")})  # memoises the probe
     spec = {"name": "compiler_path", "cpp_sources": DEP_SRC}
     cycle(cxx, spec, use(2), use(1), env={"COMPILER_PATH": str(tools)})
+
+
+def test_shadow_created_during_the_build_is_never_published_stale(cache_root, tmp_path, monkeypatch):
+    """The compiler found ``val.h`` in the second directory; a ``val.h`` saved in the first one
+    as it finishes exists when the build records its shadow candidates, so it is no candidate:
+    published as it was, the entry would hit although a fresh build reads the new file."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    (second / "val.h").write_text("#define VAL 1\n")
+    shadow, mark = first / "val.h", tmp_path / "created"
+    wrapper = tmp_path / "cxx-shadow.sh"
+    wrapper.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        "{shutil.which('c++')}" "$@"; rc=$?
+        case " $* " in *main.cpp*)
+          if [ ! -e "{mark}" ]; then : > "{mark}"; echo '#define VAL 2' > "{shadow}"; fi;;
+        esac
+        exit $rc
+        """))
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("CXX", str(wrapper))
+    spec = {"name": "midshadow", "cpp_sources": value_src('#include "val.h"'),
+            "extra_include_paths": [str(first), str(second)]}
+    v1, _, _ = child(spec)
+    assert mark.exists() and shadow.exists()
+    assert v1 == 2, "the build that raced the new file must not be what loads"
+    v2, _, _ = child(spec)
+    assert v2 == 2, "a fresh process loaded the library built before the shadowing file appeared"
