@@ -505,7 +505,7 @@ _flag_tools: dict[tuple, dict[str, Any]] = {}
 
 
 def flag_tools(flags: tuple, state_dir: str | None) -> dict[str, Any]:
-    """The assembler and linker that the compiler driver runs with ``flags`` (``-fuse-ld=gold``,
+    """The compiler proper, assembler and linker that the driver runs with ``flags`` (``-fuse-ld=gold``,
     ``-B DIR``), each by resolved path, SHA-256 and version: the probed default ones in the
     fingerprint are not the ones such a build uses. Memoised per compiler, flags and ``PATH``;
     re-probed when a found program's file changes."""
@@ -522,9 +522,9 @@ def flag_tools(flags: tuple, state_dir: str | None) -> dict[str, Any]:
         import shlex
 
         words = shlex.split(cxx) or [cxx]
-        names = _run_all([[*words, *flags, f"-print-prog-name={prog}"] for prog in ("as", "ld")])
+        names = _run_all([[*words, *flags, f"-print-prog-name={prog}"] for prog in ("cc1plus", "as", "ld")])
         value: dict[str, Any] = {"flags": list(flags), "validators": []}
-        for prog, name in zip(("as", "ld"), names):
+        for prog, name in zip(("cc1plus", "as", "ld"), names):
             tool = _tool(name.strip())
             value[prog] = tool
             if tool:

@@ -275,3 +275,24 @@ def test_shadow_created_during_the_build_is_never_published_stale(cache_root, tm
     assert v1 == 2, "the build that raced the new file must not be what loads"
     v2, _, _ = child(spec)
     assert v2 == 2, "a fresh process loaded the library built before the shadowing file appeared"
+
+
+def test_compiler_proper_chosen_by_dash_b_is_identified(cache_root, cxx, tmp_path):
+    """``-B DIR`` makes gcc run ``DIR/cc1plus`` if there is one."""
+    real = subprocess.run(["c++", "-print-prog-name=cc1plus"], capture_output=True, text=True).stdout.strip()
+    if not os.path.isabs(real):
+        pytest.skip("needs gcc")
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    cc1 = tools / "cc1plus"
+
+    def use(n: int):
+        def go():
+            cc1.unlink(missing_ok=True)
+            cc1.write_text(f'#!/bin/sh\nexec {real} "$@" -DVAL={n}\n')
+            cc1.chmod(0o755)
+        return go
+
+    use(1)()
+    spec = {"name": "own_cc1", "cpp_sources": value_src(), "extra_cflags": [f"-B{tools}/"]}
+    cycle(cxx, spec, use(2), use(1))
