@@ -19,7 +19,7 @@ import sys
 import threading
 from typing import Any
 
-FORMAT_VERSION = 2  # 2: real compiler, tracked inputs, needless fields nulled
+FORMAT_VERSION = 3  # 2: real compiler, tracked inputs, needless fields nulled; 3: records without the holes of 2
 
 # Environment variables that torch's cpp_extension, the compiler drivers (gcc, clang, nvcc) or
 # the linker read when forming or running build commands and that can change the output; the
