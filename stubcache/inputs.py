@@ -409,6 +409,11 @@ def track(deps: Iterable[str], build_dir: str, pinned: list[str], search: Search
         if is_pinned(path, pinned):
             if is_header:
                 pinned_headers.append(path)
+                # Its contents are pinned, but what it probes for may lie outside (libstdc++'s
+                # __has_include(<tbb/tbb.h>) finds /usr/include or a user directory).
+                for name in has_include_names([_read_text(path)]):
+                    if name not in probes:
+                        probes.append(name)
             return
         try:
             st0 = os.stat(path)

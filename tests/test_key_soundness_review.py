@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from stubcache import StubCache, StubSpec
+
 from .test_key_soundness import child, cycle, value_src
 
 
@@ -296,3 +298,37 @@ def test_compiler_proper_chosen_by_dash_b_is_identified(cache_root, cxx, tmp_pat
     use(1)()
     spec = {"name": "own_cc1", "cpp_sources": value_src(), "extra_cflags": [f"-B{tools}/"]}
     cycle(cxx, spec, use(2), use(1))
+
+
+def test_has_include_in_a_pinned_header_is_covered(cache_root, tmp_path, monkeypatch):
+    """A header of the compiler's own (pinned) directory probes with ``__has_include`` for a
+    file outside it, as libstdc++ does for ``<tbb/tbb.h>``. Here the compiler is a wrapper that
+    names a directory of the test as its own include directory, so that its headers are pinned."""
+    own = tmp_path / "own" / "include"
+    own.mkdir(parents=True)
+    (own / "probe_own.h").write_text('#if __has_include(<feat_p.h>)\n#include <feat_p.h>\n#else\n#define VAL 1\n#endif\n')
+    wrapper = tmp_path / "cxx-own.sh"
+    wrapper.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        if [ "$1" = "-print-file-name=include" ]; then echo "{own}"; exit 0; fi
+        case " $* " in *main.cpp*) echo compile >> "{tmp_path / 'log'}";; esac
+        exec "{shutil.which('c++')}" "$@"
+        """))
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("CXX", str(wrapper))
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    feat = inc / "feat_p.h"
+    spec = {"name": "pinned_probe", "cpp_sources": value_src("#include <probe_own.h>"),
+            "extra_include_paths": [str(inc)], "extra_cflags": ["-isystem", str(own)]}
+
+    class Count:
+        def compiles(self) -> int:
+            log = tmp_path / "log"
+            return len(log.read_text().splitlines()) if log.exists() else 0
+
+    e = child(spec)
+    assert not any("probe_own" in p for p in StubCache().lookup(StubSpec(**spec)).manifest.headers), \
+        "the wrapper's include directory must count as pinned for this test to mean anything"
+    del e
+    cycle(Count(), spec, lambda: feat.write_text("#define VAL 2\n"), feat.unlink)
