@@ -78,7 +78,7 @@ def direct_command(spec: StubSpec, source: str, output: str, depfile: str,
     import sysconfig
 
     prefix_map = buildinputs.prefix_map_flags(build_dir) if build_dir else []
-    cmd = [*buildinputs.compiler_command(), *prefix_map, "-MD", "-MF", depfile,
+    cmd = [*buildinputs.compiler_command(), *prefix_map, "-MD", "-MF", depfile, *buildinputs.assembler_dep_flags(),
            f"-DTORCH_EXTENSION_NAME={spec.name}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
     cmd += [f"-I{p}" for p in spec.extra_include_paths]
     system = []

@@ -16,6 +16,7 @@ from .spec import StubSpec
 
 DEPFILE = inputs.DEPFILE
 LINK_DEPFILE = inputs.LINK_DEPFILE
+AS_DEPFILE = inputs.AS_DEPFILE
 
 
 def compiler_command() -> list[str]:
@@ -36,7 +37,19 @@ def compile_dep_flags() -> list[str]:
     ``-Wp,-MD`` takes over cc1's dependency output, so ninja's own depfile is not written; the
     build directory is thrown away after one build, so ninja never needs it.
     """
-    return [f"-Wp,-MD,{DEPFILE}"]
+    return [f"-Wp,-MD,{DEPFILE}", *assembler_dep_flags()]
+
+
+def assembler_dep_flags() -> list[str]:
+    """GNU as's own dependency list (``--MD``): files read by ``.incbin``/``.include`` in inline
+    assembly, which the preprocessor never sees. Only gcc with GNU as takes it (clang's
+    integrated assembler rejects the flag)."""
+    facts = _compiler_facts()
+    cc1 = (facts.get("cc1") or {}).get("path") or ""
+    gas = (facts.get("as") or {}).get("version") or ""
+    if os.path.basename(cc1) == "cc1plus" and "GNU assembler" in gas:
+        return [f"-Wa,--MD,{AS_DEPFILE}"]
+    return []
 
 
 def _compiler_facts() -> dict:
@@ -75,7 +88,8 @@ def trace_deps(output: str) -> list[str]:
 def read_deps(build_dir: str) -> list[str]:
     """Files named in this build's compiler and linker dependency outputs."""
     return (inputs.parse_depfile(os.path.join(build_dir, DEPFILE))
-            + inputs.parse_depfile(os.path.join(build_dir, LINK_DEPFILE)))
+            + inputs.parse_depfile(os.path.join(build_dir, LINK_DEPFILE))
+            + inputs.parse_depfile(os.path.join(build_dir, AS_DEPFILE)))
 
 
 def _ninja_unescape(text: str) -> str:

@@ -51,6 +51,7 @@ def slack_ns(stamp_ns: int) -> int:
 
 DEPFILE = "stubcache.deps"  # relative to the build directory, so no staging path leaks
 LINK_DEPFILE = "stubcache.link.deps"
+AS_DEPFILE = "stubcache.as.deps"  # GNU as: files the assembler read (.incbin, .include)
 
 # path -> (signature, sha256) for files this process has hashed: a repeated check is a stat.
 _hashes: dict[str, tuple[list, str]] = {}
@@ -481,12 +482,13 @@ def _resolve_probe(name: str, search: SearchPath | None) -> str | None:
 
 
 def _driver_temporary(path: str) -> bool:
-    """The compiler driver's own temporary object (``/tmp/ccXXXXXX.o``), deleted after the link.
+    """The compiler driver's own temporary object or assembly (``/tmp/ccXXXXXX.o``/``.s``),
+    deleted after use.
     glibc ignores ``TMPDIR`` in a process whose effective and real ids differ, so it can land
     outside the build directory."""
     import re
 
-    return re.fullmatch(r"cc[A-Za-z0-9]{6}\.o", os.path.basename(path)) is not None
+    return re.fullmatch(r"cc[A-Za-z0-9]{6}\.[os]", os.path.basename(path)) is not None
 
 
 def shadow_candidates(headers: list[str], search: SearchPath, pinned: list[str] = (),

@@ -332,3 +332,17 @@ def test_has_include_in_a_pinned_header_is_covered(cache_root, tmp_path, monkeyp
         "the wrapper's include directory must count as pinned for this test to mean anything"
     del e
     cycle(Count(), spec, lambda: feat.write_text("#define VAL 2\n"), feat.unlink)
+
+
+def test_file_read_by_the_assembler_is_tracked(cache_root, cxx, tmp_path):
+    """``.incbin`` in inline assembly: GNU as reads the file, the preprocessor never sees it."""
+    real = subprocess.run(["c++", "-print-prog-name=cc1plus"], capture_output=True, text=True).stdout.strip()
+    if not os.path.isabs(real):
+        pytest.skip("needs gcc with GNU as")
+    data = tmp_path / "data.bin"
+    data.write_bytes((1).to_bytes(4, "little"))
+    src = (f'asm(".section .rodata\\n.globl blob\\nblob: .incbin \\"{data}\\"\\n.text");\n'
+           'extern "C" const int blob;\nextern "C" int value(void) { return blob; }\n')
+    spec = {"name": "incbin", "cpp_sources": src}
+    cycle(cxx, spec, lambda: data.write_bytes((2).to_bytes(4, "little")),
+          lambda: data.write_bytes((1).to_bytes(4, "little")))
