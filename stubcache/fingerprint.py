@@ -293,6 +293,8 @@ def compiler_identity(command: str, state_dir: str | None) -> dict[str, Any]:
 
         def compute() -> dict:
             value = _probe_compiler([found, *words[1:]])
+            # The program named by CXX itself: a script in front of the compiler may add flags.
+            value["sha256"] = _file_sha256(path)
             tool = _tool(driver) if driver else None
             if tool:
                 value["real"]["driver"] = tool
@@ -300,7 +302,8 @@ def compiler_identity(command: str, state_dir: str | None) -> dict[str, Any]:
             return value
 
         value = _memo(state_dir, memo_key, compute, valid=_real_tools_unchanged)
-        ident = {"command": command, "path": path, "version": value["version"], "real": value.get("real")}
+        ident = {"command": command, "path": path, "sha256": value.get("sha256"), "version": value["version"],
+                 "real": value.get("real")}
     with _lock:
         _compilers[command] = ident
     return ident

@@ -346,3 +346,26 @@ def test_file_read_by_the_assembler_is_tracked(cache_root, cxx, tmp_path):
     spec = {"name": "incbin", "cpp_sources": src}
     cycle(cxx, spec, lambda: data.write_bytes((2).to_bytes(4, "little")),
           lambda: data.write_bytes((1).to_bytes(4, "little")))
+
+
+def test_a_script_named_by_cxx_is_identified_by_its_content(cache_root, tmp_path, monkeypatch):
+    """``CXX`` names a script that adds a flag and runs the compiler: the compiler behind it is
+    the same before and after the script is edited, the library is not."""
+    script = tmp_path / "cxx-flags.sh"
+
+    def use(n: int):
+        def go():
+            script.write_text(f'#!/bin/sh\nexec "{shutil.which("c++")}" -DVAL={n} "$@"\n'
+                              f'# {"padding " * n}\n')  # another size too: the probe memo is by stat
+            script.chmod(0o755)
+        return go
+
+    use(1)()
+    monkeypatch.setenv("CXX", str(script))
+    spec = {"name": "cxx_script", "cpp_sources": value_src()}
+    v1, k1, _ = child(spec)
+    use(2)()
+    v2, k2, _ = child(spec)
+    assert v1 == 1 and v2 == 2 and k2 != k1
+    use(1)()
+    assert child(spec)[:2] == (1, k1)
