@@ -6,13 +6,18 @@ Key layout (one versioned prefix, so a future format can live beside this one)::
     stubcache:v1:lease:<key>    a build lease: SET NX PX, renewed by the builder, JSON value
 
 Eviction is Redis' own: run it with ``maxmemory`` and ``maxmemory-policy allkeys-lru``.
-Every call uses the configured timeout for connecting and for each reply, and is tried once
-(no client-side retries: a fleet start must not stall on a sick server).
+Every call is tried once (no client-side retries: a fleet start must not stall on a sick server)
+and bounded as a whole, not only per read: it must end within the configured timeout plus one
+second per :data:`MIN_RATE` bytes it moves, so a link that delivers a byte at a time fails it as
+surely as a silent one (redis-py's own socket timeout restarts with every byte received).
 """
 
 from __future__ import annotations
 
 import functools
+import socket
+import threading
+import time
 from typing import Iterator
 
 from .backend import BlobHead, RemoteBackend, RemoteUnavailable
@@ -27,17 +32,92 @@ _RENEW = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpi
 _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 
 
+MIN_RATE = 1 << 20  # bytes per second a transfer must keep up, on average, past the timeout
+
+# The bound of the backend call running in this thread (the heartbeat thread has its own).
+_call = threading.local()
+
+
+class _BoundedSocket:
+    """A connected socket whose every send and receive ends by the bound of the backend call in
+    progress: ``start + timeout + bytes moved / MIN_RATE`` (see the module docstring)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._base = sock.gettimeout()
+
+    def __getattr__(self, name: str):
+        return getattr(self._sock, name)
+
+    def settimeout(self, value: float | None) -> None:
+        self._base = value
+        self._sock.settimeout(value)
+
+    def _arm(self) -> None:
+        end = getattr(_call, "end", None)
+        if end is None:
+            self._sock.settimeout(self._base)
+            return
+        left = end + _call.moved / MIN_RATE - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("the call ran past STUBCACHE_REMOTE_TIMEOUT (too slow a transfer)")
+        self._sock.settimeout(left if self._base is None else min(self._base, left))
+
+    def _moved(self, n: int) -> int:
+        if getattr(_call, "end", None) is not None:
+            _call.moved += n
+        return n
+
+    def recv(self, *args):
+        self._arm()
+        data = self._sock.recv(*args)
+        self._moved(len(data))
+        return data
+
+    def recv_into(self, *args):
+        self._arm()
+        return self._moved(self._sock.recv_into(*args))
+
+    def sendall(self, data) -> None:
+        view = memoryview(data).cast("B")
+        while view:
+            self._arm()
+            view = view[self._moved(self._sock.send(view[:1 << 20])):]
+
+
 def _wrap(fn):
-    """Turn every client or socket error into :class:`RemoteUnavailable`."""
+    """Bound the call as a whole (see the module docstring) and turn every client or socket
+    error into :class:`RemoteUnavailable`."""
     @functools.wraps(fn)
     def call(self, *args, **kwargs):
+        outer = getattr(_call, "end", None) is not None
+        if not outer:
+            _call.end, _call.moved = time.monotonic() + self._timeout, 0
         try:
             return fn(self, *args, **kwargs)
         except RemoteUnavailable:
             raise
         except self._errors as exc:
             raise RemoteUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            if not outer:
+                _call.end = None
     return call
+
+
+def _connection_classes():
+    """redis-py's TCP and TLS connections with their sockets bounded per call."""
+    from redis.connection import Connection, SSLConnection
+
+    class BoundedConnection(Connection):
+        def _connect(self):
+            return _BoundedSocket(super()._connect())
+
+    class BoundedSSLConnection(SSLConnection):
+        def _connect(self):
+            return _BoundedSocket(super()._connect())
+
+    return BoundedConnection, BoundedSSLConnection
 
 
 class RedisBackend(RemoteBackend):
@@ -49,8 +129,11 @@ class RedisBackend(RemoteBackend):
         from redis.retry import Retry
 
         self._errors = (redis.exceptions.RedisError, OSError)
+        self._timeout = config.timeout
+        tcp, tls = _connection_classes()
         self._redis = redis.Redis.from_url(
-            config.url, socket_timeout=config.timeout, socket_connect_timeout=config.timeout,
+            config.url, connection_class=tls if config.scheme == "rediss" else tcp,
+            socket_timeout=config.timeout, socket_connect_timeout=config.timeout,
             retry_on_timeout=False, retry=Retry(NoBackoff(), 0), health_check_interval=0,
             lib_name=None, lib_version=None)
         self._renew = self._redis.register_script(_RENEW)

@@ -1,0 +1,96 @@
+"""Review of the fleet tier as a hostile network and a hostile writer to Redis: a real
+``redis-server``, engines as OS processes, and (for a broken network) a TCP relay in front of
+the server that forwards its replies one byte at a time."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from . import redis_server
+from .test_remote import PREFIX, blob_keys, engines, finish, host_env, stats, value_src  # noqa: F401
+
+if not redis_server.available():
+    pytest.skip("needs redis-server and the redis client", allow_module_level=True)
+
+
+class TrickleRelay:
+    """A loopback TCP relay to a real server: requests pass at once, replies come back one byte
+    every ``gap`` seconds (a link that is alive but crawls: no single read ever times out)."""
+
+    def __init__(self, port: int, gap: float) -> None:
+        self.upstream = port
+        self.gap = gap
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closed:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.upstream))
+            threading.Thread(target=self._pipe, args=(client, server, 0.0), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(server, client, self.gap), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, gap: float) -> None:
+        try:
+            while not self.closed:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if not gap:
+                    dst.sendall(data)
+                    continue
+                for i in range(len(data)):
+                    if self.closed:
+                        return
+                    dst.sendall(data[i:i + 1])
+                    time.sleep(gap)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.closed = True
+        self.sock.close()
+
+
+@pytest.fixture
+def server(cache_root):
+    s = redis_server.RedisServer()
+    yield s
+    s.stop()
+
+
+def test_a_crawling_link_cannot_stall_an_engine_past_the_call_timeout(server, tmp_path, cxx):
+    # Host a builds and uploads (a blob of some kilobytes); host b reaches Redis through a link
+    # that delivers one byte every 20 ms: each read gets a byte well within the timeout, so only
+    # a bound on the whole call stops the download (uncapped it would take minutes).
+    [(a, _)] = finish(engines([host_env(tmp_path, "a", server.url)], value_src(31), 0))
+    size = int(server.command("STRLEN", PREFIX + a["key"])[1:])
+    assert size > 4000
+    relay = TrickleRelay(server.port, gap=0.02)
+    try:
+        [(b, err)] = finish(engines([host_env(tmp_path, "b", relay.url, STUBCACHE_REMOTE_TIMEOUT="1")],
+                                    value_src(31), 0), timeout=90)
+    finally:
+        relay.close()
+    assert b["value"] == 31 and "unusable" in err and err.count("unusable") == 1
+    assert stats(tmp_path / "host-b")["remote"]["errors"] >= 1
+    assert cxx.compiles() == 2  # host b gave up on the remote store and built for itself
