@@ -94,3 +94,18 @@ def test_a_crawling_link_cannot_stall_an_engine_past_the_call_timeout(server, tm
     assert b["value"] == 31 and "unusable" in err and err.count("unusable") == 1
     assert stats(tmp_path / "host-b")["remote"]["errors"] >= 1
     assert cxx.compiles() == 2  # host b gave up on the remote store and built for itself
+
+
+def test_a_huge_planted_lease_value_is_never_downloaded_by_waiting_hosts(server, tmp_path, cxx):
+    # A writer to Redis plants a 32 MiB "lease" on a key nobody builds: a waiting host polls the
+    # lease many times a second; it must learn that a lease exists without fetching its value.
+    [(a, _)] = finish(engines([host_env(tmp_path, "a", server.url)], value_src(32), 0))
+    key = a["key"]
+    client = server.client()
+    client.delete(PREFIX + key)
+    client.set("stubcache:v1:lease:" + key, b"x" * (32 << 20))
+    before = int(server.info("total_net_output_bytes"))
+    [(b, err)] = finish(engines([host_env(tmp_path, "b", server.url, STUBCACHE_LOCK_TIMEOUT="2")], value_src(32), 0))
+    sent = int(server.info("total_net_output_bytes")) - before
+    assert b["value"] == 32 and "gave up" in err
+    assert sent < 1 << 20, f"the server sent {sent} bytes to a host waiting on a planted lease"

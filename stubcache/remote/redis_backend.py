@@ -32,6 +32,7 @@ _RENEW = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpi
 _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 
 
+LEASE_MAX = 1024    # bytes of a lease value read (ours are ~150; anyone may write a larger one)
 MIN_RATE = 1 << 20  # bytes per second a transfer must keep up, on average, past the timeout
 
 # The bound of the backend call running in this thread (the heartbeat thread has its own).
@@ -152,9 +153,9 @@ class RedisBackend(RemoteBackend):
     def poll(self, key: str) -> tuple[bool, str | None]:
         pipe = self._redis.pipeline(transaction=False)
         pipe.exists(BLOB + key)
-        pipe.get(LEASE + key)
+        pipe.getrange(LEASE + key, 0, LEASE_MAX - 1)  # polled often: never a planted huge value
         exists, lease = pipe.execute()
-        return bool(exists), lease.decode("utf-8", "replace") if lease is not None else None
+        return bool(exists), lease.decode("utf-8", "replace") if lease else None
 
     @_wrap
     def acquire_lease(self, key: str, value: str, ttl: float) -> bool:
