@@ -109,3 +109,23 @@ def test_a_huge_planted_lease_value_is_never_downloaded_by_waiting_hosts(server,
     sent = int(server.info("total_net_output_bytes")) - before
     assert b["value"] == 32 and "gave up" in err
     assert sent < 1 << 20, f"the server sent {sent} bytes to a host waiting on a planted lease"
+
+
+def test_ls_remote_reads_only_a_header_of_a_blob_whose_header_lies(server, tmp_path):
+    # A planted value whose header claims a 2 GiB manifest: listing must not fetch the value.
+    import struct
+    import subprocess
+    import sys
+
+    from stubcache.remote.blob import MAGIC
+
+    client = server.client()
+    client.set(PREFIX + "f" * 32, MAGIC + struct.pack(">IB", 1 << 31, 0) + b"x" * (32 << 20))
+    before = int(server.info("total_net_output_bytes"))
+    proc = subprocess.run([sys.executable, "-m", "stubcache", "ls", "--remote", "--remote-url", server.url,
+                           "--format", "json"], capture_output=True, text=True, timeout=120)
+    sent = int(server.info("total_net_output_bytes")) - before
+    assert proc.returncode == 0, proc.stderr
+    [entry] = json.loads(proc.stdout)
+    assert entry["error"] and entry["size"] > 32 << 20
+    assert sent < 1 << 20, f"ls --remote pulled {sent} bytes of a blob to read its header"

@@ -41,7 +41,7 @@ class RemoteEntry:
 def _entry(key: str, head: bytes, size: int, backend: RemoteBackend) -> RemoteEntry:
     need = header_length(head)
     if need is None:
-        return RemoteEntry(key, size, error="not a stubcache blob")
+        return RemoteEntry(key, size, error="not a stubcache blob (bad magic or header)")
     if need > len(head):
         found = backend.head(key, need)
         if found is None:

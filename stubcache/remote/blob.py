@@ -71,10 +71,14 @@ def split(blob: bytes) -> tuple[bytes, bytes, bytes]:
 
 
 def header_length(blob_prefix: bytes) -> int | None:
-    """Bytes needed to read the manifest of a blob from its first bytes (for listing), or None."""
+    """Bytes needed to read the manifest of a blob from its first bytes (for listing), or None
+    if they do not start a blob or announce more than a manifest may hold (a header is
+    untrusted: it must not make a lister fetch a whole planted value)."""
     if not blob_prefix.startswith(MAGIC) or len(blob_prefix) < len(MAGIC) + _HEAD.size:
         return None
     mlen, tlen = _HEAD.unpack_from(blob_prefix, len(MAGIC))
+    if tlen not in (0, MAC_LEN) or mlen > MAX_MANIFEST:
+        return None
     return len(MAGIC) + _HEAD.size + tlen + mlen
 
 
