@@ -129,3 +129,33 @@ def test_ls_remote_reads_only_a_header_of_a_blob_whose_header_lies(server, tmp_p
     [entry] = json.loads(proc.stdout)
     assert entry["error"] and entry["size"] > 32 << 20
     assert sent < 1 << 20, f"ls --remote pulled {sent} bytes of a blob to read its header"
+
+
+def test_a_blip_during_the_build_does_not_cost_the_builder_its_lease(server, tmp_path, cxx):
+    # Host a builds (8 s); Redis stops answering for longer than one heartbeat period (2 s) plus
+    # the call timeout but well within the lease (6 s), so one renewal fails. The next renewal must keep the lease: host b, started
+    # after the blip, waits for a's blob instead of taking over and compiling a second time.
+    import os
+    import subprocess
+    import sys
+
+    from .test_remote import ENGINE
+
+    mark = tmp_path / "compiling"
+    a = host_env(tmp_path, "a", server.url, STUBCACHE_REMOTE_LEASE="6", STUBCACHE_REMOTE_TIMEOUT="0.3",
+                 STUBCACHE_TEST_CXX_SLEEP="8", STUBCACHE_TEST_CXX_MARK=str(mark))
+    builder = subprocess.Popen([sys.executable, "-c", ENGINE], env=dict(os.environ, **a, SRC=value_src(33)),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not mark.exists():
+        assert time.time() < deadline and builder.poll() is None, builder.communicate()
+        time.sleep(0.02)
+    server.pause()
+    time.sleep(2.5)
+    server.resume()
+    [(b, _)] = finish(engines([host_env(tmp_path, "b", server.url, STUBCACHE_REMOTE_LEASE="6")], value_src(33), 0))
+    [(res_a, err_a)] = finish([builder])
+    assert res_a["value"] == b["value"] == 33
+    assert "unusable" in err_a  # the failed renewal was reported (once)
+    assert cxx.compiles() == 1, "host b took over a lease its builder still held"
+    assert stats(tmp_path / "host-b")["remote"]["hits"] == 1

@@ -63,7 +63,9 @@ class Claim:
     """This host holds the fleet-wide build lease of a key: build, :meth:`upload`, :meth:`release`.
 
     A daemon thread renews the lease every third of its lifetime while the build runs; if this
-    process dies the renewals stop and the lease expires, so another host takes over.
+    process dies the renewals stop and the lease expires, so another host takes over. A renewal
+    that fails (a blip: timeout, reconnect) is reported and tried again at the next period, while
+    the lease still lives: giving up at the first one would hand the build to a second host.
     """
 
     def __init__(self, tier: "RemoteTier", key: str, value: str) -> None:
@@ -82,8 +84,7 @@ class Claim:
                     _log.info("stubcache: lost the fleet build lease of %s (expired); building on", self.key)
                     return
             except RemoteUnavailable as exc:
-                self._tier.down(exc, self.key)
-                return
+                self._tier.down(exc, self.key, pause=False)
 
     def upload(self, manifest: Manifest, library_path: str) -> None:
         """Upload a published entry (read from the local root, after publishing it there)."""
@@ -124,10 +125,11 @@ class RemoteTier:
     def usable(self) -> bool:
         return time.monotonic() >= self._down_until
 
-    def down(self, exc: BaseException, key: str = "") -> None:
-        """Record a remote fault: warn once per process, go local-only for a while."""
+    def down(self, exc: BaseException, key: str = "", pause: bool = True) -> None:
+        """Record a remote fault: warn once per process and (``pause``) go local-only for a while."""
         global _warned_down
-        self._down_until = time.monotonic() + RETRY_AFTER
+        if pause:
+            self._down_until = time.monotonic() + RETRY_AFTER
         self._event("remote_error", key, error=str(exc)[:200])
         if not _warned_down:
             _warned_down = True
