@@ -159,3 +159,41 @@ def test_a_blip_during_the_build_does_not_cost_the_builder_its_lease(server, tmp
     assert "unusable" in err_a  # the failed renewal was reported (once)
     assert cxx.compiles() == 1, "host b took over a lease its builder still held"
     assert stats(tmp_path / "host-b")["remote"]["hits"] == 1
+
+
+def test_read_mode_never_writes_to_the_remote_store(server, tmp_path, cxx):
+    # Read-mode hosts on a cold key, on a key another host is building, on a stored blob, and on
+    # a blob they refuse: none of them sends a single write (no SET, lease, script, delete).
+    def write_commands() -> dict:
+        stats_text = server.command("INFO", "commandstats").decode()
+        calls = {}
+        for line in stats_text.splitlines():
+            if line.startswith("cmdstat_"):
+                name, _, rest = line[len("cmdstat_"):].partition(":")
+                calls[name] = int(rest.split(",")[0].split("=")[1])
+        return {k: v for k, v in calls.items()
+                if k not in ("get", "getrange", "exists", "strlen", "ping", "hello", "info", "config|resetstat")
+                and not k.startswith("client|")}
+
+    def reader(host: str, n: int) -> tuple[dict, str]:
+        server.command("CONFIG", "RESETSTAT")
+        changes = int(server.info("rdb_changes_since_last_save"))
+        [(res, err)] = finish(engines([host_env(tmp_path, host, server.url, STUBCACHE_REMOTE_MODE="read")],
+                                      value_src(n), 0))
+        assert write_commands() == {} and int(server.info("rdb_changes_since_last_save")) == changes, host
+        assert res["value"] == n
+        return res, err
+
+    reader("cold", 41)
+    [(a, _)] = finish(engines([host_env(tmp_path, "w", server.url)], value_src(42), 0))  # a writer
+    reader("hit", 42)
+    assert stats(tmp_path / "host-hit")["remote"]["hits"] == 1
+    client = server.client()
+    blob = client.get(PREFIX + a["key"])
+    client.set(PREFIX + a["key"], blob[:-1] + bytes([blob[-1] ^ 1]))  # tampered
+    _, err = reader("refuses", 42)
+    assert "refused remote blob" in err
+    client.delete(PREFIX + a["key"])
+    client.set("stubcache:v1:lease:" + a["key"], b"{}", px=1500)  # being built elsewhere, then gone
+    reader("waits", 42)
+    assert stats(tmp_path / "host-waits")["remote"]["lease_waits"] == 1
