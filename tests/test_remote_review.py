@@ -197,3 +197,37 @@ def test_read_mode_never_writes_to_the_remote_store(server, tmp_path, cxx):
     client.set("stubcache:v1:lease:" + a["key"], b"{}", px=1500)  # being built elsewhere, then gone
     reader("waits", 42)
     assert stats(tmp_path / "host-waits")["remote"]["lease_waits"] == 1
+
+
+NESTED = b"[" * 100000  # valid JSON's prefix that makes Python's parser recurse past its limit
+
+
+def test_a_deeply_nested_manifest_does_not_break_ls_or_prune_remote(server, tmp_path):
+    import subprocess
+    import sys
+
+    from stubcache.remote.blob import encode
+
+    server.client().set(PREFIX + "e" * 32, encode("e" * 32, NESTED, b"lib", None))
+    base = [sys.executable, "-m", "stubcache"]
+    ls = subprocess.run(base + ["ls", "--remote", "--remote-url", server.url, "--format", "json"],
+                        capture_output=True, text=True, timeout=120)
+    assert ls.returncode == 0, ls.stderr
+    [entry] = json.loads(ls.stdout)
+    assert entry["error"].startswith("unreadable")
+    prune = subprocess.run(base + ["prune", "--remote", "--max-age", "30d", "--yes", "--remote-url", server.url],
+                           capture_output=True, text=True, timeout=120)
+    assert prune.returncode == 0 and "removed 1 blob" in prune.stdout, prune.stderr
+    assert blob_keys(server) == []
+
+
+def test_insecure_read_mode_refuses_a_deeply_nested_manifest_and_starts(server, tmp_path, cxx):
+    from stubcache.remote.blob import encode
+
+    [(a, _)] = finish(engines([host_env(tmp_path, "a", server.url)], value_src(51), 0))
+    server.client().set(PREFIX + a["key"], encode(a["key"], NESTED, b"lib", None))
+    r = host_env(tmp_path, "r", server.url, STUBCACHE_REMOTE_MODE="read", STUBCACHE_REMOTE_INSECURE="1")
+    del r["STUBCACHE_REMOTE_SECRET"]
+    [(res, err)] = finish(engines([r], value_src(51), 0))
+    assert res["value"] == 51 and "refused remote blob" in err and "unreadable manifest" in err
+    assert stats(tmp_path / "host-r")["remote"]["rejected_blobs"] == 1

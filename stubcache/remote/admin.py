@@ -52,8 +52,8 @@ def _entry(key: str, head: bytes, size: int, backend: RemoteBackend) -> RemoteEn
         m = json.loads(manifest_bytes.decode("utf-8"))
         if not isinstance(m, dict):
             raise ValueError("manifest is not an object")
-    except (BlobError, ValueError, UnicodeDecodeError) as exc:
-        return RemoteEntry(key, size, error=f"unreadable: {exc}")
+    except (BlobError, ValueError, RecursionError) as exc:  # nesting too deep for the parser
+        return RemoteEntry(key, size, error=f"unreadable: {str(exc)[:200]}")
     pre = m.get("preimage") if isinstance(m.get("preimage"), dict) else {}
     fp = pre.get("fingerprint") if isinstance(pre.get("fingerprint"), dict) else {}
     torch = fp["torch"].get("version") if isinstance(fp.get("torch"), dict) else None

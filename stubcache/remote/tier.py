@@ -168,9 +168,10 @@ class RemoteTier:
         manifest_bytes, library, _ = open_blob(key, raw, self.config.secret)
         try:
             manifest = Manifest.loads(manifest_bytes.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError, TypeError) as exc:
-            raise BlobError(f"unreadable manifest: {exc}") from None
-        if manifest.library == MANIFEST_NAME or not manifest.library.endswith(".so"):
+        except (ValueError, TypeError, RecursionError) as exc:  # RecursionError: nesting too deep
+            raise BlobError(f"unreadable manifest: {str(exc)[:200]}") from None
+        if (manifest.library == MANIFEST_NAME or not manifest.library.endswith(".so")
+                or "\x00" in manifest.library):
             raise BlobError(f"manifest names a bad library file {manifest.library!r}")
         # Blobs are stored under the base key; the entry key adds the files the build read.
         if manifest.base_key != key or manifest.key != _entry_key_of(manifest):
