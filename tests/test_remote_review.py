@@ -231,3 +231,14 @@ def test_insecure_read_mode_refuses_a_deeply_nested_manifest_and_starts(server, 
     [(res, err)] = finish(engines([r], value_src(51), 0))
     assert res["value"] == 51 and "refused remote blob" in err and "unreadable manifest" in err
     assert stats(tmp_path / "host-r")["remote"]["rejected_blobs"] == 1
+
+
+@pytest.mark.parametrize("where", ["blob", "lease"])
+def test_a_value_of_the_wrong_type_leaves_the_engine_to_build_locally(server, tmp_path, cxx, where):
+    [(a, _)] = finish(engines([host_env(tmp_path, "a", server.url)], value_src(61), 0))
+    client = server.client()
+    client.delete(PREFIX + a["key"])
+    client.rpush(f"stubcache:v1:{where}:" + a["key"], b"x", b"y")  # a list where a string belongs
+    [(b, err)] = finish(engines([host_env(tmp_path, "b", server.url)], value_src(61), 0))
+    assert b["value"] == 61 and err.count("unusable") == 1 and "WRONGTYPE" in err
+    assert cxx.compiles() == 2
