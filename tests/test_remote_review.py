@@ -242,3 +242,16 @@ def test_a_value_of_the_wrong_type_leaves_the_engine_to_build_locally(server, tm
     [(b, err)] = finish(engines([host_env(tmp_path, "b", server.url)], value_src(61), 0))
     assert b["value"] == 61 and err.count("unusable") == 1 and "WRONGTYPE" in err
     assert cxx.compiles() == 2
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:abc/0", "redis://127.0.0.1:99999/0", "redis://[::1/0",
+                                 "redis://127.0.0.1:6379/one"])
+def test_a_malformed_url_is_a_clear_error_when_the_cache_is_made(cache_root, cxx, url):
+    # Not a crash on the first miss (a bad port), nor a silent fall back to database 0 (a typo
+    # in the database number would share another fleet's keyspace).
+    from .conftest import run_py
+
+    proc = run_py("import stubcache; stubcache.StubCache(); print('made')",
+                  env={"STUBCACHE_REMOTE": url, "STUBCACHE_REMOTE_SECRET": "0123456789abcdef0123"}, check=False)
+    assert proc.returncode != 0 and "made" not in proc.stdout
+    assert "RemoteConfigError" in proc.stderr and "STUBCACHE_REMOTE" in proc.stderr

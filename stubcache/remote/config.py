@@ -67,6 +67,22 @@ def redact(url: str) -> str:
     return f"{scheme}://{user}{':***' if colon else ''}@{host}" if user else f"{scheme}://***@{host}"
 
 
+def _check_url(url: str) -> None:
+    """Refuse a URL the client would reject on first use (a bad port) or misread silently (a
+    database that is not a number falls back to 0: another fleet's keyspace)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # raises on a port that is not a number in 0-65535
+    except ValueError as exc:
+        raise RemoteConfigError(f"{ENV_URL}={redact(url)!r}: {exc}") from None
+    db = parts.path[1:] if parts.path.startswith("/") else parts.path
+    if db and not db.isdigit():
+        raise RemoteConfigError(f"{ENV_URL}={redact(url)!r}: the database must be a number "
+                                f"(redis://host:port/DB), got {db!r}")
+
+
 class RemoteConfig:
     """Validated remote-tier settings.
 
@@ -126,6 +142,7 @@ def config_from_env(environ: Mapping[str, str] | None = None, *, url: str | None
         raise RemoteConfigError(
             f"{ENV_URL}={redact(url)!r}: unsupported URL; use redis://[user:password@]host:port/db "
             f"or rediss://… for TLS (supported schemes: {', '.join(sorted(BACKENDS))})")
+    _check_url(url)
     mode = (mode if mode is not None else env.get(ENV_MODE, "")).strip().lower() or MODE_READ_WRITE
     if mode not in MODES:
         raise RemoteConfigError(f"{ENV_MODE} must be 'read' or 'read-write', got {mode!r}")
