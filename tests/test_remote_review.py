@@ -255,3 +255,29 @@ def test_a_malformed_url_is_a_clear_error_when_the_cache_is_made(cache_root, cxx
                   env={"STUBCACHE_REMOTE": url, "STUBCACHE_REMOTE_SECRET": "0123456789abcdef0123"}, check=False)
     assert proc.returncode != 0 and "made" not in proc.stdout
     assert "RemoteConfigError" in proc.stderr and "STUBCACHE_REMOTE" in proc.stderr
+
+
+def test_rediss_tls_through_the_bounded_connection(tmp_path, cache_root, cxx):
+    # The per-call bound wraps the TLS socket too: a fleet over rediss:// uploads and downloads.
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs openssl to make a certificate")
+    key, cert = tmp_path / "k.pem", tmp_path / "c.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=127.0.0.1"], check=True, capture_output=True)
+    port = redis_server.free_port()
+    try:
+        server = redis_server.RedisServer("--tls-port", str(port), "--tls-cert-file", str(cert),
+                                          "--tls-key-file", str(key), "--tls-auth-clients", "no")
+    except RuntimeError:
+        pytest.skip("this redis-server has no TLS support")
+    try:
+        url = f"rediss://127.0.0.1:{port}/0?ssl_cert_reqs=none"
+        results = finish([*engines([host_env(tmp_path, "a", url)], value_src(71), 0)])
+        results += finish(engines([host_env(tmp_path, "b", url)], value_src(71), 0))
+        assert [r["value"] for r, _ in results] == [71, 71] and all(not e.strip() for _, e in results)
+        assert cxx.compiles() == 1 and stats(tmp_path / "host-b")["remote"]["hits"] == 1
+    finally:
+        server.stop()
