@@ -345,9 +345,11 @@ class StubCache:
                     return self._degraded(spec, base, exc)
                 raise
             finally:
-                self.store.clear_lease(base)
-                if claim is not None:
-                    claim.release()
+                try:
+                    self.store.clear_lease(base)
+                finally:  # even if that fails: a live heartbeat would hold the key for the fleet
+                    if claim is not None:
+                        claim.release()
         finally:
             lock.release()
 

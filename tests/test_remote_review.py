@@ -281,3 +281,40 @@ def test_rediss_tls_through_the_bounded_connection(tmp_path, cache_root, cxx):
         assert cxx.compiles() == 1 and stats(tmp_path / "host-b")["remote"]["hits"] == 1
     finally:
         server.stop()
+
+
+def test_the_fleet_lease_is_released_even_when_clearing_the_host_lease_fails(server, tmp_path, cxx):
+    # While host a builds, its host lease file is replaced by a directory (a broken or hostile
+    # root): clearing it fails at the end of the build. The fleet lease must still be released
+    # and its heartbeat thread stopped, or a live engine would hold the key for the fleet forever.
+    import os
+    import subprocess
+    import sys
+
+    mark = tmp_path / "compiling"
+    a = host_env(tmp_path, "a", server.url, STUBCACHE_REMOTE_LEASE="1", STUBCACHE_TEST_CXX_SLEEP="2",
+                 STUBCACHE_TEST_CXX_MARK=str(mark))
+    code = """
+import os, threading, stubcache
+spec = stubcache.StubSpec("fleet", os.environ["SRC"])
+try:
+    stubcache.StubCache().get_or_build(spec)
+    print("built")
+except OSError as exc:
+    print("error", type(exc).__name__)
+print(sorted(t.name for t in threading.enumerate() if t.name.startswith("stubcache-lease")))
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, **a, SRC=value_src(81)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not mark.exists():
+        assert time.time() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.02)
+    leases = tmp_path / "host-a" / "v1" / "leases"
+    [lease] = [p for p in leases.iterdir() if p.name.endswith(".json")]
+    lease.unlink()
+    lease.mkdir()
+    (lease / "x").write_text("")
+    out, err = proc.communicate(timeout=120)
+    assert out.splitlines()[-1] == "[]", (out, err)  # no heartbeat left running
+    assert server.command("KEYS", "stubcache:v1:lease:*") == b"*0"  # released, not left to expire
