@@ -15,7 +15,7 @@ from .key import base_key, entry_key, preimage
 from .manifest import MANIFEST_NAME, Manifest
 from .spec import StubSpec
 from .inputs import CLOCK_SLACK_NS, absent_paths, still_valid
-from .store import Store, default_root, file_sha256
+from .store import Store, default_root, file_sha256, inputs_memo_name
 from .trust import TrustPolicy, UntrustedRoot, check_dir, loader_policy, private_policy
 
 __version__ = "0.1.0"
@@ -431,7 +431,7 @@ class StubCache:
             import hashlib
 
             tag = f"{key}-{hashlib.sha256(store.root.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
-        return os.path.join(self.store.path("state"), f"inputs-{tag}.json")
+        return os.path.join(self.store.path("state"), inputs_memo_name(tag))
 
     def _lookup_at(self, store: Store, efd: int, spec: StubSpec, base: str, key: str,
                    seed: bool, entries_fd: int) -> "Entry | _Corrupt | None":

@@ -275,6 +275,7 @@ def evict_entry(store: Store, key: str, base_key: str | None = None) -> str:
             return "gone"
         _faults.point("evict_trashed")
         store.remove_in("trash", os.path.basename(trashed))
+        store.drop_entry_records(key, base_key)
         # Safe while we hold it exclusively: Store.pin re-checks the inode after locking, so a
         # reader that opened this file just before the unlink takes a fresh pin instead.
         with store.at("pins") as pfd:

@@ -325,10 +325,39 @@ class Store:
 
     def add_variant(self, base: str, key: str) -> None:
         """Record that entry ``key`` was built from base key ``base`` (with tracked headers)."""
-        with self.at("variants", check_name(base), create=True) as vfd:
-            fd = os.open(check_name(key), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         self.mode(0o600, 0o660), dir_fd=vfd)
-            os.close(fd)
+        for attempt in (0, 1, 2):
+            try:
+                with self.at("variants", check_name(base), create=True) as vfd:
+                    os.close(os.open(check_name(key), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                     self.mode(0o600, 0o660), dir_fd=vfd))
+                return
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise  # an eviction removes variants/<base>/ once empty: made again above
+
+    def drop_entry_records(self, key: str, base: str) -> None:
+        """Remove what refers to the evicted entry ``key``: its marker ``variants/<base>/<key>``
+        (and ``variants/<base>/`` once empty) and its signature memo ``state/inputs-<key>.json``.
+        Best-effort, through directory fds; nothing is followed."""
+        if base != key:
+            try:
+                with self.at("variants") as vfd:
+                    try:
+                        with self.at("variants", check_name(base)) as bfd:
+                            fsroot.unlink_at(bfd, key)
+                    except OSError:
+                        pass
+                    try:
+                        os.rmdir(base, dir_fd=vfd)  # only if empty; a link or file is left alone
+                    except OSError:
+                        pass
+            except OSError:
+                pass
+        try:
+            with self.at("state") as sfd:
+                fsroot.unlink_at(sfd, inputs_memo_name(key))
+        except OSError:
+            pass
 
     # --- removal -----------------------------------------------------------------------------
 
@@ -561,6 +590,11 @@ class _DirCtx:
 
 _KEY_CHARS = frozenset("0123456789abcdef")
 _BASE_LOCK = __import__("threading").Lock()
+
+
+def inputs_memo_name(tag: str) -> str:
+    """The name, under ``state/``, of the memo of re-checked tracked-input signatures of an entry."""
+    return f"inputs-{tag}.json"
 
 
 def is_key(name: str) -> bool:
