@@ -13,8 +13,9 @@ import random
 import tempfile
 from typing import Any, Sequence
 
-from .errors import BuildError
+from .errors import BuildError, TrustError
 from .key import diff_preimages
+from .manifest import MANIFEST_NAME, Manifest
 from .spec import StubSpec
 from .store import Store, file_sha256
 
@@ -71,6 +72,35 @@ def select_keys(store: Store, keys: Sequence[str], sample: int | None) -> list[s
     return every
 
 
+def trusted_manifest(store: Store, key: str) -> Manifest:
+    """The manifest of entry ``key``, if the loader would load the entry as this user: the
+    root by :meth:`StubCache._policy` (the loading user's trust rule), then the entry directory,
+    the manifest and the library by that policy's check, each on the descriptor it is read from.
+    :class:`TrustError` otherwise. (A rebuild compiles what the manifest says, as this user.)"""
+    from . import fsroot
+    from .cache import StubCache
+
+    policy = StubCache(store.root, seeds=[])._policy(store)
+    with store.at("entries", fsroot.check_name(key)) as efd:
+        policy.check(os.fstat(efd), store.entry_dir(key), "cache entry")
+        fd = fsroot.open_regular(efd, MANIFEST_NAME)
+        try:
+            policy.check(os.fstat(fd), os.path.join(store.entry_dir(key), MANIFEST_NAME), "manifest")
+            data = fsroot.read_fd(fd, fsroot.MANIFEST_CAP, MANIFEST_NAME)
+        finally:
+            os.close(fd)
+        try:
+            manifest = Manifest.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, RecursionError) as exc:
+            raise ValueError(f"manifest is not valid: {exc}") from None
+        fd = fsroot.open_regular(efd, fsroot.check_name(manifest.library))
+        try:
+            policy.check(os.fstat(fd), os.path.join(store.entry_dir(key), manifest.library), "library")
+        finally:
+            os.close(fd)
+    return manifest
+
+
 def rebuild_entry(store: Store, key: str) -> AuditResult:
     """Rebuild one entry's spec in a private directory and compare the bytes."""
     from . import inputs
@@ -78,7 +108,9 @@ def rebuild_entry(store: Store, key: str) -> AuditResult:
     from .cache import StubCache
 
     try:
-        manifest = store.read_manifest(key)
+        manifest = trusted_manifest(store, key)
+    except TrustError as exc:  # its flags could run code (-wrapper, -fplugin, -B, -specs)
+        return AuditResult(key, "?", "skipped", f"not rebuilt, the loader would not trust it: {exc}")
     except (OSError, ValueError) as exc:
         return AuditResult(key, "?", "skipped", f"manifest unreadable: {exc}")
     pre = manifest.preimage if isinstance(manifest.preimage, dict) else {}
