@@ -117,6 +117,9 @@ def users():
                 cmd[1:1] = ["-G", GROUP]
             subprocess.run(cmd, check=True)
             made.append(name)
+    for role, name in USERS.items():  # users left by an interrupted run may have lost the group
+        if role != "outsider" and name not in grp.getgrnam(GROUP).gr_mem:
+            subprocess.run(["usermod", "-aG", GROUP, name], check=True)
     info = {role: pwd.getpwnam(name) for role, name in USERS.items()}
     info["gid"] = grp.getgrnam(GROUP).gr_gid
     yield info
