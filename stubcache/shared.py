@@ -48,6 +48,10 @@ def set_mode(path: str, mode: int, gid: int | None = None, *, directory: bool, d
         st = os.fstat(fd)
         if not (stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)):
             raise ValueError(f"{path}: unexpected file type; remove it")
+        if not directory and st.st_nlink != 1:
+            # A hard link planted by a member: the same inode as a file outside the root, whose
+            # mode and group this would change (root's doctor --fix making /etc/shadow 0660).
+            raise ValueError(f"{path}: has {st.st_nlink} hard links (the same file is elsewhere too); remove it")
         changed = False
         if gid is not None and st.st_gid != gid:
             os.fchown(fd, -1, gid)

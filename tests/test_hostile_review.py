@@ -1,0 +1,34 @@
+"""Attacks found in review of the hostile-root work: a group member of a shared root against
+root's ``doctor --fix`` and ``init``."""
+
+from __future__ import annotations
+
+import grp
+import os
+import stat
+
+from .test_hostile_root import GROUP, cli, shared, users  # noqa: F401  (fixtures)
+
+
+def test_root_doctor_fix_and_init_never_chmod_or_chgrp_a_hard_link_to_a_file_outside(shared, users):  # noqa: F811
+    root, outside = shared
+    # A file only root may read. (With fs.protected_hardlinks=1 a member can link only files she
+    # can read and write; with 0, or for such files, she links anything: planted here as root.)
+    secret = outside / "secret"
+    secret.write_text("root only\n")
+    os.chown(secret, 0, 0)
+    secret.chmod(0o600)
+    v1 = root / "v1"
+    [key] = os.listdir(v1 / "entries")
+    os.link(secret, v1 / "locks" / ("ab" * 16 + ".lock"))
+    os.link(secret, v1 / "pins" / ("ab" * 16))
+    os.link(secret, v1 / "entries" / key / "notes")
+    before = os.lstat(secret)
+    for args in (["doctor", "--fix"], ["init", "--shared", "--group", GROUP]):
+        proc = cli(root, *args)
+        assert "Traceback" not in proc.stderr, proc.stderr
+        assert "hard links" in proc.stdout + proc.stderr, (proc.stdout, proc.stderr)  # reported, left alone
+        st = os.lstat(secret)
+        assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o600, 0, 0), \
+            f"{args}: the file outside became mode {stat.S_IMODE(st.st_mode):o} group {grp.getgrgid(st.st_gid).gr_name}"
+    assert os.lstat(secret).st_ino == before.st_ino and secret.read_text() == "root only\n"
