@@ -224,10 +224,13 @@ def _memo(state_dir: str | None, memo_key: str, compute, valid=None) -> dict:
         mode = 0o660 if os.stat(state_dir).st_mode & 0o020 else 0o600
         lock_fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
         if mode == 0o660:
+            from . import fsroot
+
             try:
-                os.fchmod(lock_fd, mode)
+                if fsroot.own_single(os.fstat(lock_fd)):  # never another's file, nor a hard link
+                    os.fchmod(lock_fd, mode)
             except OSError:
-                pass  # created by another member
+                pass
     except OSError:
         lock_fd = -1  # read-only root or another user's lock file: compute without sharing
     try:

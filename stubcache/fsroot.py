@@ -133,6 +133,13 @@ def mkdir_mode(path: str, mode: int) -> None:
         os.close(fd)
 
 
+def own_single(st: os.stat_result) -> bool:
+    """True if a file may have its mode or times changed by us: this uid's own, and (unless a
+    directory) with no other hard link. A member can hard-link a file from outside the root
+    (/etc/shadow, when root owns both) where a lock or pin file belongs; root must not chmod it."""
+    return st.st_uid == os.geteuid() and (stat.S_ISDIR(st.st_mode) or st.st_nlink == 1)
+
+
 def listdir(dir_fd: int) -> list[str]:
     """Sorted names in the directory open as ``dir_fd`` (hidden names included)."""
     return sorted(os.listdir(dir_fd))

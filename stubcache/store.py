@@ -435,7 +435,7 @@ class Store:
                 continue
             st = os.fstat(fd)
             if stat.S_ISREG(st.st_mode):
-                if self.shared and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != 0o660:
+                if self.shared and stat.S_IMODE(st.st_mode) != 0o660 and fsroot.own_single(st):
                     try:
                         os.fchmod(fd, 0o660)  # whatever the umask: every member must be able to lock it
                     except OSError:
@@ -500,7 +500,7 @@ class Store:
                     # prune removed this pin file while we waited: lock the one now in place
                     os.close(fd)
                     continue
-                if time.time() - st.st_mtime > LAST_USED_INTERVAL and st.st_uid == os.geteuid():
+                if time.time() - st.st_mtime > LAST_USED_INTERVAL and fsroot.own_single(st):
                     try:
                         os.utime(fd)
                     except OSError:

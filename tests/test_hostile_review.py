@@ -32,3 +32,31 @@ def test_root_doctor_fix_and_init_never_chmod_or_chgrp_a_hard_link_to_a_file_out
         assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o600, 0, 0), \
             f"{args}: the file outside became mode {stat.S_IMODE(st.st_mode):o} group {grp.getgrgid(st.st_gid).gr_name}"
     assert os.lstat(secret).st_ino == before.st_ino and secret.read_text() == "root only\n"
+
+
+def test_root_prune_and_rebuild_never_chmod_a_hard_link_where_a_lock_file_belongs(shared, users):  # noqa: F811
+    root, outside = shared
+    secret = outside / "secret"
+    secret.write_text("root only\n")
+    os.chown(secret, 0, 0)
+    secret.chmod(0o600)
+    os.utime(secret, (1_000_000_000, 1_000_000_000))
+    v1 = root / "v1"
+    [key] = os.listdir(v1 / "entries")
+    # the entry's pin replaced by a hard link (pins/ is group-writable), and every memo's lock
+    (v1 / "pins" / key).unlink()
+    os.link(secret, v1 / "pins" / key)
+    for name in os.listdir(v1 / "state"):
+        if name.endswith(".json"):
+            p = v1 / "state" / (name + ".lock")
+            if p.exists():
+                p.unlink()
+            os.link(secret, p)
+    for args, env in ((["verify", "--rebuild"], {"STUBCACHE_TRUSTED_ROOTS": str(root)}),
+                      (["prune", "--yes", "--max-size", "0"], None)):
+        proc = cli(root, *args, env=env)
+        assert "Traceback" not in proc.stderr, proc.stderr
+        st = os.lstat(secret)
+        assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_mtime) == (0o600, 0, 0, 1_000_000_000), \
+            f"{args}: the file outside became mode {stat.S_IMODE(st.st_mode):o}, mtime {st.st_mtime}"
+    assert secret.read_text() == "root only\n"
