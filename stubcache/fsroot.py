@@ -25,6 +25,7 @@ O_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 SMALL_CAP = 1 << 20        # leases, failure records, configs, memos, quarantine reasons
 EVENTS_CAP = 64 << 20      # one event file (an archive holds many processes' lines)
 MANIFEST_CAP = 1 << 30     # a manifest holds the spec's sources: tens of MB must still load
+LIBRARY_CAP = 4 << 30      # a library is hashed before use: a 16 TiB sparse file must not be
 
 
 class NotRegularFile(OSError):

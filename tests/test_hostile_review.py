@@ -60,3 +60,35 @@ def test_root_prune_and_rebuild_never_chmod_a_hard_link_where_a_lock_file_belong
         assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_mtime) == (0o600, 0, 0, 1_000_000_000), \
             f"{args}: the file outside became mode {stat.S_IMODE(st.st_mode):o}, mtime {st.st_mtime}"
     assert secret.read_text() == "root only\n"
+
+
+def test_a_huge_sparse_library_is_refused_before_it_is_hashed(cache_root):
+    """A member can put a 16 TiB sparse file (ext4's limit) where a library goes and write its
+    size into the manifest: hashing it would hold root's cron ``verify`` and every engine that
+    loads the key for about an hour. Beyond the library cap it is refused unread."""
+    import json
+    import subprocess
+
+    from stubcache import fsroot
+
+    from .conftest import run_py
+    from .test_hostile_root import LOAD, cli, src
+
+    out = run_py(LOAD, env={"SRC": src(5), "NAME": "huge"}).stdout.split()
+    lib = out[2]
+    manifest = os.path.join(os.path.dirname(lib), "manifest.json")
+    size = fsroot.LIBRARY_CAP + (1 << 20)
+    os.unlink(lib)
+    subprocess.run(["truncate", "-s", str(size), lib], check=True)
+    m = json.load(open(manifest))
+    os.chmod(manifest, 0o644)
+    with open(manifest, "w") as f:
+        json.dump(dict(m, size=size), f)
+    os.chmod(manifest, 0o444)
+    proc = cli(cache_root, "verify", "--format", "json")
+    [r] = json.loads(proc.stdout)["results"]
+    assert r["status"] == "bad" and "limit" in r["detail"], r
+    os.unlink(os.path.join(r["quarantined_to"], "QUARANTINE_REASON"))
+    os.rename(r["quarantined_to"], os.path.dirname(lib))  # back in place: now an engine meets it
+    proc = run_py(LOAD, env={"SRC": src(5), "NAME": "huge"})
+    assert proc.stdout.split()[:2] == ["5", "True"] and "limit" in proc.stderr, proc.stderr
