@@ -48,13 +48,20 @@ def file_sha256(fd_or_path) -> str:
             off += len(chunk)
     else:
         # Paths may come from a manifest someone else wrote (tracked inputs): a FIFO or a device
-        # there must not hang or stream forever, so regular files only (links are followed:
-        # system headers often are links).
-        fd = os.open(fd_or_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        # there must not hang or stream forever, nor even be opened (opening a device acts: a
+        # watchdog starts, a tape rewinds; a FIFO releases a waiting writer). So the path is
+        # opened O_PATH (no open of the file itself), typed, and only a regular file is then
+        # opened for reading, through that very descriptor (links are followed: system headers
+        # often are links).
+        pfd = os.open(fd_or_path, os.O_PATH | os.O_CLOEXEC)
         try:
-            st = os.fstat(fd)
+            st = os.fstat(pfd)
             if not stat.S_ISREG(st.st_mode):
                 raise fsroot.NotRegularFile(errno.EINVAL, f"is a {fsroot.kind(st.st_mode)}", fd_or_path)
+            fd = os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        finally:
+            os.close(pfd)
+        try:
             return file_sha256(fd)
         finally:
             os.close(fd)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import grp
 import os
 import stat
+from pathlib import Path
 
 from .test_hostile_root import GROUP, cli, shared, users  # noqa: F401  (fixtures)
 
@@ -92,3 +93,36 @@ def test_a_huge_sparse_library_is_refused_before_it_is_hashed(cache_root):
     os.rename(r["quarantined_to"], os.path.dirname(lib))  # back in place: now an engine meets it
     proc = run_py(LOAD, env={"SRC": src(5), "NAME": "huge"})
     assert proc.stdout.split()[:2] == ["5", "True"] and "limit" in proc.stderr, proc.stderr
+
+
+def test_hashing_a_tracked_path_never_opens_a_fifo_or_device(tmp_path):
+    """Tracked-input paths come from manifests members wrote (``explain``, lookups): opening a
+    device has effects of its own (a watchdog starts, a tape rewinds), and opening a FIFO
+    releases a writer waiting for a reader. Only a regular file is ever opened."""
+    import subprocess
+    import sys
+    import time
+
+    import pytest
+
+    from stubcache import fsroot
+    from stubcache.inputs import changed_inputs, still_valid
+    from stubcache.store import file_sha256
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    writer = subprocess.Popen([sys.executable, "-c", f"open({str(fifo)!r}, 'w')"])
+    try:
+        wchan = f"/proc/{writer.pid}/wchan"
+        deadline = time.monotonic() + 60
+        while Path(wchan).read_text() != "wait_for_partner":  # blocked in open(), waiting for a reader
+            assert time.monotonic() < deadline and writer.poll() is None
+            time.sleep(0.01)
+        with pytest.raises(fsroot.NotRegularFile):
+            file_sha256(str(fifo))
+        assert not still_valid({str(fifo): "0" * 64}, None)
+        assert changed_inputs({str(fifo): "0" * 64}, None)
+        assert writer.poll() is None and Path(wchan).read_text() == "wait_for_partner", "the FIFO was opened"
+    finally:
+        writer.kill()
+        writer.wait()
