@@ -88,6 +88,11 @@ def herd(cfg: dict, run: dict) -> dict:
                     out = {"error": f"{type(exc).__name__}: {exc}"[:1500]}
                 out["t_done"] = time.time()
                 os.write(res_w, (json.dumps(out) + "\n").encode())
+                import threading
+
+                for t in threading.enumerate():  # as interpreter exit would (a size-cap prune)
+                    if t is not threading.main_thread() and not t.daemon:
+                        t.join()
             except BaseException:
                 code = 1
             finally:

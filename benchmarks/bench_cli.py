@@ -71,7 +71,7 @@ def main() -> int:
                 "ls": ["ls"],
                 "ls --format json": ["ls", "--format", "json"],
                 "stats": ["stats"],
-                "prune --dry-run --max-size (half)": ["prune", "--dry-run", "--max-size", str(n * 8 * 1024)],
+                "prune --dry-run --max-size (half)": ["prune", "--dry-run", "--max-size", f"{n * 8 * 1024}B"],
                 "prune --dry-run --older-than 30d": ["prune", "--dry-run", "--older-than", "30d"],
             }
             row: dict[str, dict] = {}
@@ -83,7 +83,7 @@ def main() -> int:
                     torch_seen |= torch_imported
                 row[label] = {"median_s": statistics.median(times), "runs": times, "torch_imported": torch_seen}
             wall, torch_imported, out = run(root, "prune", "--yes", "--format", "json",
-                                            "--max-size", str(n * 8 * 1024))
+                                            "--max-size", f"{n * 8 * 1024}B")
             removed = json.loads(out)["summary"]["removed"]
             row["prune --yes --max-size (half), real"] = {"median_s": wall, "runs": [wall],
                                                           "torch_imported": torch_imported, "removed": removed}

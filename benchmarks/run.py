@@ -40,6 +40,7 @@ SCENARIOS = {
     7: "s7_hit_breakdown",
     8: "s8_fleet",
     9: "s9_tracked_inputs",
+    10: "s10_startup_cap",
 }
 
 

@@ -35,12 +35,12 @@ def _fallback(ctx: Ctx, sizes: list[int], reps: int) -> dict:
         fake_store(str(root), n)
         gen = time.perf_counter() - t0
         cases = {"ls": ["ls"], "stats": ["stats"],
-                 "prune --dry-run --max-size (half)": ["prune", "--dry-run", "--max-size", str(n * 8 * 1024)]}
+                 "prune --dry-run --max-size (half)": ["prune", "--dry-run", "--max-size", f"{n * 8 * 1024}B"]}
         rows = {}
         for label, argv in cases.items():
             runs = [wall([PY, "-m", "stubcache", "--cache-dir", str(root), *argv]) for _ in range(reps)]
             rows[label] = {"runs": runs}
-        runs = [wall([PY, "-m", "stubcache", "--cache-dir", str(root), "prune", "--yes", "--max-size", str(n * 8 * 1024)])]
+        runs = [wall([PY, "-m", "stubcache", "--cache-dir", str(root), "prune", "--yes", "--max-size", f"{n * 8 * 1024}B"])]
         rows["prune --yes --max-size (half), real"] = {"runs": runs}
         res["sizes"][str(n)] = {"generate_s": gen, "cases": rows}
     return res

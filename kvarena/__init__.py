@@ -12,7 +12,15 @@ for :meth:`KvArena.tensor`, a CUDA arena imports both when it is created.
 
 from __future__ import annotations
 
-from .arena import KvArena
+import stubcache as _stubcache
+
+if getattr(_stubcache, "__file__", None) is None:  # an empty namespace package, not stubcache
+    raise ImportError(
+        f"'stubcache' was imported from {list(getattr(_stubcache, '__path__', []))} as an empty namespace "
+        "package: a directory named 'stubcache' (probably a clone of the repository) in the current "
+        "directory shadows the installed package. Run Python from another directory or rename that one.")
+
+from .arena import KvArena  # noqa: E402
 from .errors import (ArenaClosedError, ArenaError, ArenaExhaustedError, CommitError, CudaUnavailableError,
                      SlotsExhaustedError)
 from .stub import NSLOTS, StubTiming, allocator_spec, load_stub

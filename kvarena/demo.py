@@ -42,7 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     load_stub()
     print(f"stub again     {(time.perf_counter() - t1) * 1e6:.0f} us (in-process hit)")
 
-    import torch
+    import warnings
+
+    with warnings.catch_warnings():
+        # torch without numpy installed warns "Failed to initialize NumPy" on import; the demo
+        # never converts to numpy, so the warning is noise here.
+        warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+        import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     shape = (args.layers, 2, args.tokens, args.heads, args.head_dim)

@@ -292,8 +292,8 @@ class StubLibrary:
         self.path = entry.path
         self.key = entry.key
         self.lib = lib
-        #: the name of the verified open file (``/proc/self/fd/N``); give this, not ``path``, to
-        #: anything that ``dlopen``s by path (torch's CUDAPluggableAllocator)
+        #: the path the verified library was loaded by; give this to anything that ``dlopen``s
+        #: by path (torch's CUDAPluggableAllocator): glibc hands back the same checked handle
         self.loaded_path = lib._name
         self.timing = timing
         abi = int(lib.kvarena_abi())

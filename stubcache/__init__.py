@@ -4,6 +4,7 @@ Public surface::
 
     StubSpec, StubCache, Entry           the cache
     load_inline, load                    drop-ins for torch.utils.cpp_extension
+    patch_torch, unpatch_torch           route torch's own loaders through the cache
     StubCacheError, BuildError, ...      errors
 
 ``import stubcache`` does not import torch; torch is imported only when a build needs it.
@@ -27,10 +28,11 @@ from .compat import default_cache, load, load_inline
 from .errors import (BuildError, CacheMissError, IntegrityError, LockTimeoutError, StubCacheError,
                      TrustError)
 from .manifest import Manifest
+from .patch import patch_torch, unpatch_torch
 from .spec import StubSpec
 
 __all__ = [
     "BuildError", "CacheMissError", "Entry", "IntegrityError", "LockTimeoutError", "Manifest",
     "StubCache", "StubCacheError", "StubSpec", "TrustError", "__version__", "default_cache", "load",
-    "load_inline",
+    "load_inline", "patch_torch", "unpatch_torch",
 ]

@@ -11,6 +11,9 @@ def logger():
 
 
 def warning(msg: str, *args: object) -> None:
+    from .progress import clear_lines
+
+    clear_lines()  # a status line on the terminal would run into the message
     logger().warning(msg, *args)
 
 

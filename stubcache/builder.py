@@ -18,7 +18,7 @@ import subprocess
 import threading
 import time
 
-from . import _log, buildinputs
+from . import _log, buildinputs, progress
 from .errors import BuildError
 from .fingerprint import torch_dir
 from .spec import StubSpec
@@ -98,25 +98,30 @@ def direct_command(spec: StubSpec, source: str, output: str, depfile: str,
 
 def _build_direct(spec: StubSpec, build_dir: str) -> tuple[str, str, list[str]]:
     source = os.path.join(build_dir, "main.cpp")
-    with open(source, "w", encoding="utf-8") as fh:
-        fh.write("\n".join(spec.cpp_sources))
+    with open(source, "w", encoding="utf-8", errors="surrogateescape") as fh:
+        fh.write("\n".join(spec.cpp_sources))  # surrogates: the undecodable bytes of a load()ed file
     output = os.path.join(build_dir, f"{spec.name}.so")
     # Relative names (the compiler runs in build_dir) and the prefix map keep the random staging
     # path out of the library, so two builds of one key give identical bytes.
     cmd = direct_command(spec, "main.cpp", f"{spec.name}.so", buildinputs.DEPFILE, build_dir)
     env = dict(os.environ, TMPDIR=build_dir)  # the compiler's temporary object: not under /tmp
-    try:
-        proc = subprocess.run(cmd, cwd=build_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False,
-                              env=env)
-    except OSError as exc:
-        raise BuildError(f"cannot run the compiler {cmd[0]!r}: {exc}; set CXX or install a C++ compiler",
-                         name=spec.name) from None
     import shlex
 
-    out = proc.stdout.decode("utf-8", "replace")
-    text = "$ " + shlex.join(cmd) + "\n" + out
+    verbose = progress.verbose()
+    head = "$ " + shlex.join(cmd) + "\n"
+    if verbose:  # as torch's verbose build: the command and the compiler's output, live, on fd 1
+        progress.echo(head)
+    try:
+        # An argument list, never a shell: no flag is ever interpreted by one.
+        proc = subprocess.run(cmd, cwd=build_dir, stdout=1 if verbose else subprocess.PIPE,
+                              stderr=subprocess.STDOUT, check=False, env=env)
+    except OSError as exc:
+        raise BuildError(f"Error building extension '{spec.name}': cannot run the compiler {cmd[0]!r}: "
+                         f"{exc}; set CXX or install a C++ compiler", name=spec.name) from None
+    out = (proc.stdout or b"").decode("utf-8", "replace")
+    text = head + out
     if proc.returncode != 0 or not os.path.isfile(output):
-        raise BuildError(f"error building stub {spec.name!r} (exit {proc.returncode})", output=text, name=spec.name)
+        raise BuildError(f"Error building extension '{spec.name}'", output=text, name=spec.name)
     deps = buildinputs.read_deps(build_dir)
     if "-Wl,--trace" in cmd:
         deps += buildinputs.trace_deps(out)
@@ -126,52 +131,97 @@ def _build_direct(spec: StubSpec, build_dir: str) -> tuple[str, str, list[str]]:
 # --- the load_inline path -------------------------------------------------------------------
 
 
+def ninja_safe_flags(flags, field: str) -> list[str]:
+    """Flags as torch must write them into ``build.ninja``, whose commands run through
+    ``/bin/sh``: each flag one shell word (quoted when it holds anything but plain characters,
+    so the shell hands the compiler exactly the flag), ``$`` escaped for ninja. torch itself
+    writes ``extra_cflags``/``extra_ldflags`` unquoted (``"; cmd"`` would run ``cmd``)."""
+    import shlex
+
+    out = []
+    for flag in flags:
+        if "\n" in flag or "\r" in flag:
+            raise ValueError(f"{field} contains a line break ({flag!r}); no build file can hold it")
+        out.append(shlex.quote(flag).replace("$", "$$"))
+    return out
+
+
+def _inline_sources(sources, build_dir: str, stem: str) -> list[str]:
+    """torch writes sources as strict UTF-8 text; a source holding undecodable bytes (surrogate
+    escapes from ``load()`` of a non-UTF-8 file) is written byte for byte beside it and included."""
+    out = []
+    for i, src in enumerate(sources):
+        try:
+            src.encode("utf-8")
+        except UnicodeEncodeError:
+            fname = f"{stem}{i}.inc"
+            with open(os.path.join(build_dir, fname), "wb") as fh:
+                fh.write(src.encode("utf-8", "surrogateescape"))
+            src = f'#include "{fname}"'
+        out.append(src)
+    return out
+
+
 def _build_load_inline(spec: StubSpec, build_dir: str) -> tuple[str, str, list[str]]:
     global _warned_no_implicit
     import glob
     import inspect
 
+    from .patch import torch_original
+
     try:
-        import torch.utils.cpp_extension as cpp_ext
+        load_inline = torch_original("load_inline")  # never the module attribute: it may be patched
     except ImportError as exc:
-        raise BuildError(f"building stub {spec.name!r} needs torch ({exc})", name=spec.name) from None
+        raise BuildError(f"Error building extension '{spec.name}': it needs torch ({exc})", name=spec.name) from None
+    verbose = progress.verbose()
+    includes = [f"-I{p}" for p in spec.extra_include_paths]
     kwargs = dict(
         name=spec.name,
-        cpp_sources=list(spec.cpp_sources),
-        cuda_sources=list(spec.cuda_sources) or None,
+        cpp_sources=_inline_sources(spec.cpp_sources, build_dir, "cpp_source"),
+        cuda_sources=_inline_sources(spec.cuda_sources, build_dir, "cuda_source") or None,
         functions=dict(spec.functions) if spec.functions is not None else None,
-        extra_cflags=[*buildinputs.prefix_map_flags(build_dir), *buildinputs.compile_dep_flags(),
-                      *spec.extra_cflags],
-        extra_cuda_cflags=list(spec.extra_cuda_cflags),
-        extra_ldflags=[AS_NEEDED, *spec.extra_ldflags, *buildinputs.extra_link_flags()],
-        extra_include_paths=list(spec.extra_include_paths),
+        # Every flag shell-quoted for build.ninja (see ninja_safe_flags). Include paths go in as
+        # -I flags: torch shell-quotes extra_include_paths but does not escape `$` (or refuse line
+        # breaks) for ninja. -I dirs are searched before torch's -isystem ones wherever they
+        # appear, as torch's own -I would be.
+        extra_cflags=ninja_safe_flags([*buildinputs.prefix_map_flags(build_dir), *buildinputs.compile_dep_flags(),
+                                       *includes, *spec.extra_cflags], "extra_cflags"),
+        extra_cuda_cflags=ninja_safe_flags([*includes, *spec.extra_cuda_cflags], "extra_cuda_cflags"),
+        extra_ldflags=[AS_NEEDED, *ninja_safe_flags([*spec.extra_ldflags, *buildinputs.extra_link_flags()],
+                                                    "extra_ldflags")],
+        extra_include_paths=[],
         build_directory=build_dir,
-        verbose=False,
+        verbose=verbose,
         with_cuda=spec.with_cuda,
         is_python_module=False,
         with_pytorch_error_handling=spec.with_pytorch_error_handling,
     )
     if spec.skips_implicit_headers:
-        if "no_implicit_headers" in inspect.signature(cpp_ext.load_inline).parameters:
+        if "no_implicit_headers" in inspect.signature(load_inline).parameters:
             kwargs["no_implicit_headers"] = True
         elif not _warned_no_implicit:
             _warned_no_implicit = True
-            _log.warning("stubcache: this torch has no load_inline(no_implicit_headers=); "
-                        "stubs are built with torch's implicit headers (slow). Upgrade to torch>=2.8.")
+            _log.warning("this torch has no load_inline(no_implicit_headers=); "
+                         "stubs are built with torch's implicit headers (slow). Upgrade to torch>=2.8.")
+    prefix = f"Error building extension '{spec.name}'"
     with _torch_lock:
         # torch renames a second build of one name in a process to <name>_v1 (its in-memory
-        # versioner); every stubcache build is fresh, so keep the name stable.
-        versioner = getattr(cpp_ext, "JIT_EXTENSION_VERSIONER", None)
+        # versioner); the drop-ins version names themselves, so keep torch's stable here.
+        versioner = load_inline.__globals__.get("JIT_EXTENSION_VERSIONER")
         entries = getattr(versioner, "entries", None)
         if isinstance(entries, dict):
             entries.pop(spec.name, None)
         try:
-            cpp_ext.load_inline(**kwargs)
+            load_inline(**kwargs)
         except Exception as exc:  # torch raises RuntimeError with ninja's output, or others
-            raise BuildError(f"error building stub {spec.name!r}", output=str(exc), name=spec.name) from None
+            text = str(exc)
+            if text.startswith(prefix):
+                text = text[len(prefix):].lstrip(":").lstrip(" ")
+                raise BuildError(prefix, output=text, name=spec.name) from None
+            raise BuildError(f"{prefix}: {text}", name=spec.name) from None
     libs = [p for p in glob.glob(os.path.join(build_dir, "*.so"))]
     if len(libs) != 1:
-        raise BuildError(f"torch built {len(libs)} libraries for {spec.name!r}, expected 1", name=spec.name)
+        raise BuildError(f"{prefix}: torch built {len(libs)} libraries, expected 1", name=spec.name)
     deps = _ninja_deps(build_dir) + buildinputs.read_deps(build_dir)
     try:
         with open(os.path.join(build_dir, "build.ninja"), encoding="utf-8") as fh:

@@ -8,11 +8,12 @@ import os
 import threading
 import time
 
-from . import _faults, _log, events, fingerprint, fsroot
+from . import _faults, _log, events, fingerprint, fsroot, progress
 from .errors import (BuildError, CacheMissError, IntegrityError, LockTimeoutError, StubCacheError,
                      TrustError)
 from .key import base_key, entry_key, preimage
 from .manifest import MANIFEST_NAME, Manifest
+from .mapped import check_mapped
 from .spec import StubSpec
 from .inputs import CLOCK_SLACK_NS, absent_paths, still_valid
 from .store import Store, default_root, file_sha256, inputs_memo_name
@@ -115,6 +116,7 @@ class StubCache:
         self._verified = _VERIFIED
         self._pins = _PINS
         self._lib_fds = _LIB_FDS
+        self._cap_pending = False  # this instance published: check the size cap after the locks
         self._policies: dict[str, TrustPolicy] = {}
         self._untrusted: dict[str, UntrustedRoot] = {}
         self._mutex = _PROCESS_LOCK
@@ -161,33 +163,46 @@ class StubCache:
                 return memo
         with self._key_lock(base):  # threads of this process: one build per key, others proceed
             entry = self._get_or_build(spec, base)
+        if self._cap_pending:  # after a publish, with every lock released; never after a hit
+            self._cap_pending = False
+            from . import sizecap
+
+            sizecap.start_after_publish(self.store)
         if not spec.tracks_headers:
             self._memo[base] = entry  # private builds too: one per process is enough
         return entry
 
     def loaded_path(self, entry: Entry) -> str:
-        """A path naming exactly the verified file this process loads for ``entry``
-        (``/proc/self/fd/N``). Hand it to APIs that ``dlopen`` by path, such as
+        """Load ``entry`` (verified, see :meth:`load_entry`) and return the path it was loaded by.
+        Hand it to APIs that ``dlopen`` by path, such as
         ``torch.cuda.memory.CUDAPluggableAllocator`` or ``torch.ops.load_library``: glibc matches
-        the name and returns the same handle and state, even if the entry has since been removed
-        or replaced on disk."""
-        return self.load_entry(entry)._name
+        the name and returns the same, already checked handle and state, even if the entry has
+        since been removed or replaced on disk."""
+        self.load_entry(entry)
+        return entry.path
 
     def load(self, spec: StubSpec):
         """``get_or_build`` and ``dlopen`` the library; returns a ``ctypes.CDLL``."""
         return self.load_entry(self.get_or_build(spec))
 
     def load_entry(self, entry: Entry):
-        """``dlopen`` an entry's library: the very file that was checked (opened with
-        ``O_NOFOLLOW``, compared by ``fstat``, loaded through ``/proc/self/fd``)."""
+        """``dlopen`` an entry's library by its real path, after checking the file (opened with
+        ``O_NOFOLLOW``, checksummed through that descriptor); then the file the loader mapped is
+        compared with that descriptor's (device, inode), and refused on a mismatch."""
         with self._mutex:
             fd = self._lib_fds.get(entry.path)
             if fd is None:
                 fd = self._open_checked(entry)
-                # The fd stays open for the life of the process: glibc matches an already-loaded
-                # object by *name* first, so a reused /proc/self/fd/N would alias another library.
                 self._lib_fds[entry.path] = fd
-            return ctypes.CDLL(f"/proc/self/fd/{fd}")
+            lib = ctypes.CDLL(entry.path)
+            try:
+                check_mapped(entry.path, os.fstat(fd), entry.manifest.sha256)
+            except IntegrityError:
+                import _ctypes
+
+                _ctypes.dlclose(lib._handle)
+                raise
+            return lib
 
     # --- internals ---------------------------------------------------------------------------
 
@@ -278,7 +293,8 @@ class StubCache:
             return bool(self.store.variant_keys(base)) or os.path.isdir(self.store.entry_dir(base))
         try:
             self.store.ensure()
-            lock = locking.acquire(self.store, base, timeout, spec.name, published)
+            with progress.status(lambda: f"waiting for {locking.describe_holder(self.store, base)}"):
+                lock = locking.acquire(self.store, base, timeout, spec.name, published)
             if lock is None:  # published while we waited: a plain lookup, no lock queue
                 found = self._lookup(self.store, spec, base)
                 if isinstance(found, Entry):
@@ -316,7 +332,7 @@ class StubCache:
             failed_at = finite(failure.get("time"), t_wait, time.time() + 1.0) if failure else None
             if failed_at is not None:
                 raise BuildError(
-                    f"error building stub {spec.name!r} (failed in pid {failure.get('pid')} while this "
+                    f"Error building extension '{spec.name}' (failed in pid {failure.get('pid')} while this "
                     "process waited)", output=str(failure.get("output", ""))[-(256 << 10):], key=base,
                     name=spec.name)
             self._event("miss", base, name=spec.name)
@@ -336,7 +352,8 @@ class StubCache:
                     claim = got  # this host builds for the fleet (or None: build, no upload)
                 if require_hit:
                     raise _require_hit_error(spec, base, self.root)
-                entry = self._build_and_publish(spec, base)
+                with progress.status(lambda: f"building {spec.name} ({spec.build_method} build)"):
+                    entry = self._build_and_publish(spec, base)
                 if claim is not None:
                     claim.upload(entry.manifest, entry.path)  # after the local publish
                 return entry
@@ -537,8 +554,8 @@ class StubCache:
                                  f"{fsroot.printable(sorted(names ^ expected))}")
         fd = self._open_checked(entry, policy, efd)
         with self._mutex:
-            # load_entry reuses this very fd (no second open). An fd already there may have been
-            # dlopened by its /proc/self/fd name, so it is never closed (the name must not be reused).
+            # load_entry reuses this very fd (no second open) and compares what the loader mapped
+            # with it; one fd per library is kept for the life of the process.
             keep = self._lib_fds.setdefault(entry.path, fd)
         if keep != fd:
             os.close(fd)
@@ -591,6 +608,7 @@ class StubCache:
             _faults.point("before_publish")
             self._pin(manifest.key)  # pinned before it becomes visible: prune cannot take it in between
             self.store.publish(staged_entry, manifest)  # False: an existing entry won
+            self._cap_pending = True
             _faults.point("after_publish")
             self._event("build", manifest.key, result.seconds, name=spec.name, method=result.method)
             found = self._lookup(self.store, spec, base)
@@ -625,6 +643,7 @@ class StubCache:
                 os.close(fd)
             self._pin(manifest.key)
             self.store.publish(staged_entry, manifest)  # False: an existing entry won
+            self._cap_pending = True
             found = self._lookup(self.store, spec, base)  # verifies the published copy again
             if not isinstance(found, Entry):
                 raise StubCacheError(f"entry {manifest.key} vanished right after publishing")
@@ -643,7 +662,8 @@ class StubCache:
         atexit.register(Store.rmtree, tmp)
         build_dir = os.path.join(tmp, "build")
         os.mkdir(build_dir, 0o700)
-        result = build(spec, build_dir)
+        with progress.status(lambda: f"building {spec.name} privately ({spec.build_method} build)"):
+            result = build(spec, build_dir)
         manifest = self._manifest_for(spec, base, result, file_sha256(result.library),
                                       os.path.getsize(result.library))
         self._event("private_build", manifest.key, result.seconds, name=spec.name, reason=reason)

@@ -9,6 +9,7 @@ Exit codes:
        failed; prune/clear: a removal failed)
     2  usage error (bad option, bad filter, unreadable spec file, unknown key)
     3  not confirmed (answered no, or no terminal and no ``--yes``)
+    127 run: the command could not be started
     130 interrupted
 """
 
@@ -33,6 +34,7 @@ EXIT_PROBLEMS = 1
 EXIT_USAGE = 2
 EXIT_ABORTED = 3
 EXIT_INTERRUPTED = 130
+EXIT_NOT_RUN = 127  # `run`: the command could not be started (as a shell says)
 
 
 class UsageError(Exception):
@@ -297,6 +299,11 @@ def cmd_stats(args: argparse.Namespace) -> int:
     s = compute_stats(store.root, entries, totals, qitems)
     if args.format == "json":
         _json(s.to_json())
+    elif args.format == "prometheus":
+        from .prometheus import render
+        from .sizecap import configured_max_size
+
+        sys.stdout.write(render(s, configured_max_size(store.root)))
     else:
         _out(_table(["STAT", "VALUE"], _stats_rows(s)))
     return EXIT_OK
@@ -333,7 +340,9 @@ def _print_plan(plan, args: argparse.Namespace, executed: bool, dry_run: bool) -
     s = plan.summary()
     if args.quiet:
         return
-    if not executed:
+    if not executed and not dry_run and not s['planned_removals']:
+        _out(f"nothing to remove; {s['skipped']} skipped")
+    elif not executed:
         _out(f"{'would remove' if dry_run else 'plan: remove'} {s['planned_removals']} item(s), "
              f"freeing {human_size(s['planned_bytes'])}; {s['skipped']} skipped"
              + (" (dry run: nothing changed)" if dry_run else ""))
@@ -362,7 +371,7 @@ def _run_plan(args: argparse.Namespace, policy) -> int:
         fp = current_fingerprint(store, need_cuda=any("cuda" in e.fingerprint for e in scan.entries))
     plan = plan_prune(scan, policy, fp)
     if args.dry_run or not plan.removals:
-        _print_plan(plan, args, executed=False, dry_run=True)
+        _print_plan(plan, args, executed=False, dry_run=args.dry_run)
         if not args.dry_run:
             _compact_events(args, store, policy)
         return EXIT_OK
@@ -374,7 +383,10 @@ def _run_plan(args: argparse.Namespace, policy) -> int:
         if not _confirm(f"Remove {len(plan.removals)} item(s), {human_size(plan.bytes_to_free)}?", args):
             _err("aborted; nothing removed")
             return EXIT_ABORTED
-    execute_plan(store, plan)
+    from .progress import Bar
+
+    with Bar("removing") as bar:
+        execute_plan(store, plan, progress=bar)
     _print_plan(plan, args, executed=True, dry_run=False)
     _compact_events(args, store, policy)
     failed = [i for i in plan.items if i.outcome and i.outcome.startswith("failed")]
@@ -418,7 +430,10 @@ def cmd_clear(args: argparse.Namespace) -> int:
 
     rc = _run_plan(args, PrunePolicy(everything=True, leftovers=True))
     if rc == EXIT_OK and args.stats and not args.dry_run:
-        _clear_events(_store(args))
+        n = _clear_events(_store(args))
+        if not args.quiet and args.format != "json":
+            _out(f"stats reset: deleted {n} event file(s) of finished processes "
+                 "(live processes keep theirs)")
     return rc
 
 
@@ -457,8 +472,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
         return _verify_rebuild(args)
     if args.keys or args.sample is not None:
         raise UsageError("KEY arguments and --sample go with --rebuild")
+    from .progress import Bar
+
     store = _store(args)
-    results = verify_store(store, quarantine=not args.dry_run)
+    with Bar("verifying") as bar:
+        results = verify_store(store, quarantine=not args.dry_run, progress=bar)
     bad = [r for r in results if r.status == "bad"]
     if args.format == "json":
         _json({"checked": len(results), "bad": len(bad), "dry_run": args.dry_run,
@@ -647,21 +665,29 @@ def cmd_warm(args: argparse.Namespace) -> int:
     from .cache import StubCache
 
     cache = StubCache(_root(args))
+    from .progress import Bar
+
     results = []
+    bar = Bar("warming")
     for ref, spec in specs:
+        bar(len(results), len(specs))
         t0 = time.perf_counter()
         try:
             found = cache.lookup(spec)
             entry = found if found is not None else cache.get_or_build(spec)
-            status = "cached" if found is not None else ("built" if entry.published else "built (private)")
+            status = "cached" if found is not None else ("built" if entry.published else "not stored")
             results.append({"ref": ref, "name": spec.name, "key": entry.key, "status": status,
                             "seconds": round(time.perf_counter() - t0, 3), "path": entry.path})
+            if not entry.published and args.format != "json":
+                _err(f"{spec.name}: built, but could not be stored in the cache at {cache.root} (it was "
+                     "built privately; see the warning above and `stubcache doctor`)")
         except StubCacheError as exc:
             results.append({"ref": ref, "name": spec.name, "key": None, "status": "failed",
                             "seconds": round(time.perf_counter() - t0, 3), "error": str(exc)})
             if args.format != "json":
                 _err(f"{spec.name}: {exc}")
-    failed = [r for r in results if r["status"] == "failed"]
+    bar.__exit__()
+    failed = [r for r in results if r["status"] in ("failed", "not stored")]
     if args.format == "json":
         _json({"root": cache.root, "results": results, "failed": len(failed)})
     elif not args.quiet:
@@ -755,12 +781,39 @@ def _remote_opts(p: argparse.ArgumentParser, help_: str) -> None:
                    help="seconds per network call (default: $STUBCACHE_REMOTE_TIMEOUT or 2)")
 
 
+_EPILOG = """\
+environment:
+  STUBCACHE_DIR            cache root (default: the platform cache directory, see `stubcache dir`)
+  STUBCACHE_MAX_SIZE       size cap (e.g. 10G) kept after each publish; also `stubcache config`
+  STUBCACHE_LOCK_TIMEOUT   seconds to wait for another process's build (default 600), then
+                           build privately
+  STUBCACHE_SEED_DIRS      read-only caches searched first (':'-separated), e.g. baked into an image
+  STUBCACHE_REQUIRE_HIT    1: fail (CacheMissError) instead of compiling on a miss
+  STUBCACHE_TRUSTED_ROOTS  roots owned by others that you trust (':'-separated)
+  STUBCACHE_PATCH_TORCH    set by `stubcache run`: patch torch's loaders at start-up
+  STUBCACHE_REMOTE, STUBCACHE_REMOTE_MODE, STUBCACHE_REMOTE_SECRET, STUBCACHE_REMOTE_TIMEOUT,
+  STUBCACHE_REMOTE_INSECURE  the optional fleet-wide remote tier
+  CXX                      the compiler (default c++), part of every key
+
+exit codes:
+  0    ok
+  1    the command ran and found problems (verify: bad entries; doctor: errors; warm: a build
+       failed or could not be stored; prune/clear: a removal failed)
+  2    usage error (bad option, bad size or filter, unreadable spec file, unknown key)
+  3    not confirmed (answered no, or no terminal and no --yes)
+  127  run: the command could not be started
+  130  interrupted
+
+More in docs/cli.md.
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stubcache",
         description="Inspect and manage the stubcache cache of built native stubs.",
-        epilog="exit codes: 0 ok, 1 problems found, 2 usage error, 3 not confirmed, 130 interrupted. "
-               "See docs/cli.md.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _globals(parser, sub=False)
     subs = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -784,7 +837,7 @@ def build_parser() -> argparse.ArgumentParser:
     _fmt(p, ("table", "json", "csv"))
 
     p = add("stats", cmd_stats, "counters folded from every process's event file")
-    _fmt(p)
+    _fmt(p, ("table", "json", "prometheus"))
 
     def removal_opts(p: argparse.ArgumentParser) -> None:
         p.add_argument("--dry-run", "-n", action="store_true", help="print the plan; change nothing")
@@ -827,7 +880,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("warm", cmd_warm, "build the stubs described by spec files or MODULE:ATTR references")
     p.add_argument("refs", nargs="+", metavar="FILE|MODULE:ATTR",
-                   help="JSON file of StubSpec.to_json() objects (or a list), or an importable "
+                   help="JSON file written from StubSpec.to_json() (an object, or a list of StubSpec.to_dict() "
+                        "objects), or an importable "
                         "StubSpec, list, or zero-argument callable returning them")
     _fmt(p)
 
@@ -847,13 +901,100 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("dir", cmd_dir, "print the cache root")
     _fmt(p)
+
+    p = add("config", cmd_config, "show the root's settings, or set one: config set max_size 10G")
+    p.add_argument("action", nargs="?", choices=("show", "set", "unset"), default="show")
+    p.add_argument("name", nargs="?", metavar="NAME", help="max_size or toolchain_max_age")
+    p.add_argument("value", nargs="?", metavar="VALUE", help="e.g. 10G, or 30d")
+    _fmt(p)
+
+    p = add("run", cmd_run, "run a command with torch's load_inline/load going through the cache, in "
+                            "every Python process it starts (no code changes)")
+    p.add_argument("--env", action="store_true",
+                   help="print the environment variables `run` sets (for a service file) and exit")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
     return parser
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from .errors import TrustError
+    from .sizecap import DEFAULT_TOOLCHAIN_MAX_AGE, ENV_MAX_SIZE, SETTINGS, env_max_size, root_settings, set_setting
+    from .units import human_age, human_size
+
+    root = _root(args)
+    if args.action in ("set", "unset"):
+        if args.name not in SETTINGS:
+            raise UsageError(f"config {args.action} needs a setting name: {', '.join(SETTINGS)}")
+        if (args.action == "set") != (args.value is not None):
+            raise UsageError("usage: stubcache config set NAME VALUE | stubcache config unset NAME")
+        if not os.path.isdir(root):
+            raise UsageError(f"no cache at {root}; create it first with `stubcache init`")
+        try:
+            set_setting(root, args.name, args.value)
+        except ValueError as exc:
+            raise UsageError(f"{args.name}: {exc}") from None
+        except (PermissionError, TrustError) as exc:
+            _err(str(exc))
+            return EXIT_PROBLEMS
+    try:
+        stored = root_settings(root) if os.path.isdir(root) else {}
+        env = env_max_size()
+    except (ValueError, TrustError) as exc:
+        _err(str(exc))
+        return EXIT_PROBLEMS
+    caps = [v for v in (env, stored.get("max_size")) if v is not None]
+    effective = min(caps) if caps else None
+    age = stored.get("toolchain_max_age", DEFAULT_TOOLCHAIN_MAX_AGE)
+    if args.format == "json":
+        _json({"root": root, "max_size": effective, "root_max_size": stored.get("max_size"), "env_max_size": env,
+               "toolchain_max_age": age})
+        return EXIT_OK
+    def size(v):
+        return "-" if v is None else f"{human_size(v)} ({v} bytes)"
+    _out(f"cache root: {root}")
+    _out(_table(["SETTING", "VALUE", "FROM"], [
+        ["max_size", size(effective), "the smaller of the two below" if len(caps) == 2 else
+         (ENV_MAX_SIZE if env is not None else "root config" if caps else "not set: no automatic cap")],
+        ["  root config max_size", size(stored.get("max_size")), "stubcache config set max_size SIZE"],
+        [f"  {ENV_MAX_SIZE}", size(env), "environment"],
+        ["toolchain_max_age", human_age(age), "root config" if "toolchain_max_age" in stored else "default"],
+    ]))
+    return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import shlex
+
+    from .run import exec_command, run_environment
+
+    if args.cache_dir:
+        os.environ["STUBCACHE_DIR"] = os.path.abspath(args.cache_dir)
+    if args.env:
+        for k, v in run_environment().items():
+            _out(f"export {k}={shlex.quote(v)}")
+        return EXIT_OK
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        raise UsageError("run needs a command: stubcache run -- python serve.py ...")
+    try:
+        exec_command(cmd)
+    except OSError as exc:
+        _err(f"cannot run {cmd[0]!r}: {exc.strerror or exc}")
+        return EXIT_NOT_RUN
+    return EXIT_NOT_RUN  # not reached: exec replaced this process
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``stubcache`` console script; returns the exit code."""
     parser = build_parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    for i, a in enumerate(argv[:-1]):
+        # `--max-size -5G` would read as a missing value; let the option's own check answer
+        if a in ("--max-size", "--older-than", "--quarantine-age") and argv[i + 1][:1] == "-" \
+                and argv[i + 1][1:2].isdigit():
+            argv[i:i + 2] = [f"{a}={argv[i + 1]}"]
+            break
+    args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help(sys.stderr)
         return EXIT_USAGE

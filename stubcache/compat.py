@@ -8,11 +8,19 @@ from typing import Any, Sequence
 
 from . import _log
 from .cache import Entry, StubCache
+from .patch import mark
 from .spec import StubSpec
 
 _caches: dict[str, StubCache] = {}
 _modules: dict[tuple, Any] = {}
 _call_memo: dict[tuple, Any] = {}
+_versions: dict[str, tuple[int, Any]] = {}  # name -> (version, the call it was last loaded with)
+_noticed: set[str] = set()
+
+
+class Unsupported(ValueError):
+    """An option stubcache's drop-ins do not handle; the patched torch loaders hand such a call
+    to torch's own function instead."""
 
 
 def _frozen(value: Any) -> Any:
@@ -22,7 +30,45 @@ def _frozen(value: Any) -> Any:
     if isinstance(value, dict):
         return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
     return value
+
+
 _lock = threading.Lock()
+
+
+def _versioned(name: str, call: Any) -> str:
+    """The module name torch would give this call: ``name``, then ``name_v1``, ``name_v2``, ...
+    each time one process loads ``name`` with different inputs than the last time.
+
+    A Python extension module is initialised once per interpreter per name, so a second module
+    built under the same name would come back as the first one; torch's versioner avoids that,
+    and so does this (a new name is a new key, built and cached like any other).
+    """
+    with _lock:
+        cur = _versions.get(name)
+        if cur is None:
+            cur = _versions[name] = (0, call)
+        elif cur[1] != call:
+            cur = _versions[name] = (cur[0] + 1, call)
+    return name if cur[0] == 0 else f"{name}_v{cur[0]}"
+
+
+def _functions_like_torch(functions: Any) -> Any:
+    """``functions`` as torch's ``load_inline`` reads it, with its error for other types."""
+    if functions is None or isinstance(functions, dict):
+        return functions
+    if isinstance(functions, str):
+        functions = [functions]
+    if isinstance(functions, (list, tuple)):  # torch takes lists only; a tuple is read the same
+        return {f: f for f in functions}
+    raise ValueError(f"Expected 'functions' to be a list or dict, but was {type(functions)}")
+
+
+def _notice_ignored(build_directory: Any, root: str) -> None:
+    if build_directory and "build_directory" not in _noticed:
+        _noticed.add("build_directory")
+        _log.warning("build_directory=%r is ignored: stubcache builds each stub in a private staging "
+                     "directory and keeps only the library, in the cache at %s (see docs/cache.md)",
+                     os.fspath(build_directory), root)
 
 
 def default_cache() -> StubCache:
@@ -40,7 +86,8 @@ def default_cache() -> StubCache:
 def _unsupported(**kwargs: Any) -> None:
     for name, value in kwargs.items():
         if value:
-            raise ValueError(f"stubcache does not support {name}={value!r}; call torch.utils.cpp_extension directly")
+            raise Unsupported(f"stubcache does not support {name}={value!r}; call torch.utils.cpp_extension "
+                              "directly (a patched torch does so by itself)")
 
 
 def _import_entry(cache: StubCache, entry: Entry, is_python_module: bool) -> Any:
@@ -48,7 +95,7 @@ def _import_entry(cache: StubCache, entry: Entry, is_python_module: bool) -> Any
     key = (entry.key, is_python_module)
     if entry.published and key in _modules:
         return _modules[key]
-    # Every load below goes through the name of the verified open file, so glibc hands back the
+    # Every load below is by the path load_entry verified and loaded, so glibc hands back that
     # checked handle even if the entry has since been replaced on disk.
     if entry.manifest.build_method == "direct":
         cache.loaded_path(entry)
@@ -56,23 +103,22 @@ def _import_entry(cache: StubCache, entry: Entry, is_python_module: bool) -> Any
     else:
         import torch  # first: the library needs libtorch (and its Python bindings) loaded
 
-        fd_path = cache.loaded_path(entry)
+        path = cache.loaded_path(entry)
 
         if is_python_module:
             import importlib.machinery
             import importlib.util
 
             name = entry.manifest.module_name
-            loader = importlib.machinery.ExtensionFileLoader(name, fd_path)
-            spec = importlib.util.spec_from_file_location(name, fd_path, loader=loader)
+            loader = importlib.machinery.ExtensionFileLoader(name, path)
+            spec = importlib.util.spec_from_file_location(name, path, loader=loader)
             if spec is None:
                 raise ImportError(f"cannot import {entry.path}")
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
-            module.__file__ = entry.path
             result = module
         else:
-            torch.ops.load_library(fd_path)
+            torch.ops.load_library(path)
             result = entry.path
     if entry.published:
         _modules[key] = result
@@ -105,43 +151,65 @@ def load_inline(
     (the module for ``is_python_module=True``, the library path otherwise), but content-addressed
     and safe for concurrent processes.
 
-    ``build_directory``, ``keep_intermediates`` and ``use_pch`` are accepted for compatibility and
-    ignored: every build happens in a private staging directory and only the library is kept.
-    ``no_implicit_headers`` keeps torch's default (``False``). SYCL is not supported.
+    As torch does, a second call in one process with the same ``name`` and different inputs loads
+    the new code as module ``name_v1`` (then ``name_v2``, ...); ``verbose=True`` shows torch's build
+    output (commands and compiler output, live, on stdout); a failed build raises
+    :class:`stubcache.BuildError`, a ``RuntimeError`` with torch's message shape.
+
+    Deliberate differences: ``build_directory``, ``keep_intermediates`` and ``use_pch`` are
+    accepted and ignored (every build happens in a private staging directory and only the library
+    is kept; a ``build_directory`` gets a one-time notice); flags are shell-quoted, so a flag never
+    runs as a command; ``functions`` may also be a tuple. SYCL and ``gil_not_used`` are not
+    supported (:class:`Unsupported`, a ``ValueError``; a patched torch hands such calls to torch).
     """
     _unsupported(sycl_sources=sycl_sources, extra_sycl_cflags=extra_sycl_cflags, with_sycl=with_sycl,
                  gil_not_used=gil_not_used)
     from .fingerprint import _env_snapshot
     from .store import default_root
 
+    functions = _functions_like_torch(functions)
+    if cpp_sources is None:  # torch fails joining it: a TypeError there too
+        raise TypeError("cpp_sources must be str or a list of str, got None")
+    root = default_root()
     # Repeated calls with the same arguments (engines call this per layer or per request) skip
     # validation and hashing: torch returns the already-loaded module in that case too.
     memo_key = None
     try:
-        memo_key = (default_root(), _env_snapshot(), name, _frozen(cpp_sources), _frozen(cuda_sources),
-                    _frozen(functions), _frozen(extra_cflags), _frozen(extra_cuda_cflags),
-                    _frozen(extra_ldflags), _frozen(extra_include_paths), with_cuda, is_python_module,
-                    with_pytorch_error_handling, no_implicit_headers)
+        call = (_frozen(cpp_sources), _frozen(cuda_sources), _frozen(functions), _frozen(extra_cflags),
+                _frozen(extra_cuda_cflags), _frozen(extra_ldflags), _frozen(extra_include_paths), with_cuda,
+                is_python_module, with_pytorch_error_handling, no_implicit_headers)
+        module_name = _versioned(name, call) if isinstance(name, str) else name
+        memo_key = (root, _env_snapshot(), module_name, call)
         hit = _call_memo.get(memo_key)
     except TypeError:  # unhashable odd input: the spec below reports it properly
         hit = None
+        module_name = name
     if hit is not None:
         return hit
+    _notice_ignored(build_directory, root)
     spec = StubSpec(
-        name, cpp_sources, cuda_sources=cuda_sources, functions=functions, extra_cflags=extra_cflags,
+        module_name, cpp_sources, cuda_sources=cuda_sources, functions=functions, extra_cflags=extra_cflags,
         extra_cuda_cflags=extra_cuda_cflags, extra_ldflags=extra_ldflags,
         extra_include_paths=extra_include_paths, with_cuda=with_cuda, is_python_module=is_python_module,
         with_pytorch_error_handling=with_pytorch_error_handling,
         no_implicit_headers=bool(no_implicit_headers),
     )
-    cache = default_cache()
-    entry = cache.get_or_build(spec)
-    if verbose:
-        _log.info("stubcache: %s -> %s (%s)", name, entry.path, entry.manifest.build_method)
-    result = _import_entry(cache, entry, is_python_module)
+    entry, result = _get_and_import(spec, verbose)
     if memo_key is not None and entry.published and not spec.tracks_headers:
         _call_memo[memo_key] = result
     return result
+
+
+def _get_and_import(spec: StubSpec, verbose: bool) -> tuple[Entry, Any]:
+    from . import progress
+
+    cache = default_cache()
+    with progress.verbose_scope(verbose):
+        entry = cache.get_or_build(spec)
+    if verbose:
+        progress.echo(f"stubcache: loading extension module {spec.name} from {entry.path} "
+                      f"({entry.manifest.build_method} build)\n")
+    return entry, _import_entry(cache, entry, spec.is_python_module)
 
 
 _CUDA_EXT = (".cu", ".cuh")
@@ -165,11 +233,16 @@ def load(
 ) -> Any:
     """Drop-in for ``torch.utils.cpp_extension.load`` over source files on disk.
 
-    The files' contents (and the headers they include from their own directories or
-    ``extra_include_paths``) are hashed into the key. The C++ files are compiled as one
-    translation unit, in the order given; each file's directory is added to the include path.
+    The files' contents, read as bytes (a file need not be UTF-8), and the headers they include
+    from their own directories or ``extra_include_paths`` are hashed into the key. The C++ files
+    are compiled as one translation unit, in the order given; each file's directory is added to
+    the include path. A name loaded again with changed inputs becomes ``name_v1``, ... as in
+    torch; ``build_directory`` and ``keep_intermediates`` are ignored (see :func:`load_inline`);
+    ``is_standalone`` and SYCL raise :class:`Unsupported`.
     """
     _unsupported(extra_sycl_cflags=extra_sycl_cflags, with_sycl=with_sycl, is_standalone=is_standalone)
+    from .store import default_root
+
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
     cpp: list[str] = []
@@ -177,19 +250,28 @@ def load(
     dirs: list[str] = []
     for src in sources:
         path = os.path.abspath(os.fspath(src))
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        with open(path, "rb") as fh:  # bytes, as torch reads them: a source need not be UTF-8
+            data = fh.read()
+        # surrogateescape keeps undecodable bytes; the key and the build see the original bytes
+        text = data.decode("utf-8", "surrogateescape")
         (cuda if path.endswith(_CUDA_EXT) else cpp).append(f'#line 1 "{path}"\n{text}')
         if os.path.dirname(path) not in dirs:
             dirs.append(os.path.dirname(path))
+    call = (tuple(cpp), tuple(cuda), _frozen(extra_cflags), _frozen(extra_cuda_cflags), _frozen(extra_ldflags),
+            _frozen(extra_include_paths), with_cuda, is_python_module)
+    try:
+        module_name = _versioned(name, call) if isinstance(name, str) else name
+    except TypeError:
+        module_name = name
+    _notice_ignored(build_directory, default_root())
     spec = StubSpec(
-        name, cpp, cuda_sources=cuda or None, extra_cflags=extra_cflags,
+        module_name, cpp, cuda_sources=cuda or None, extra_cflags=extra_cflags,
         extra_cuda_cflags=extra_cuda_cflags, extra_ldflags=extra_ldflags,
         extra_include_paths=[*(extra_include_paths or []), *dirs], with_cuda=with_cuda,
         is_python_module=is_python_module, no_implicit_headers=True,
     )
-    cache = default_cache()
-    entry = cache.get_or_build(spec)
-    if verbose:
-        _log.info("stubcache: %s -> %s (%s)", name, entry.path, entry.manifest.build_method)
-    return _import_entry(cache, entry, is_python_module)
+    return _get_and_import(spec, verbose)[1]
+
+
+mark(load_inline)
+mark(load)

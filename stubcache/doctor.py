@@ -313,8 +313,38 @@ def check_environment() -> list[Check]:
     return out
 
 
+def check_writable(root: str) -> list[Check]:
+    """Whether this user can create the root, or publish into it: if not, every build is private
+    (nothing is shared, every process compiles)."""
+    fix = "use a directory you can write (--cache-dir or STUBCACHE_DIR), or fix its permissions"
+    target = root
+    if not os.path.lexists(root):
+        target = _existing_ancestor(root)
+        if not os.path.isdir(target):
+            return [Check("writable", "error", f"{root} cannot be created: {target} is not a directory; builds "
+                          "will be private", fix)]
+        what = f"{root} cannot be created: {target} is not writable by you; builds will be private"
+    else:
+        store = Store(root)
+        for sub in ("staging", "entries", "locks"):  # where a build writes, if the layout exists
+            if os.path.isdir(store.path(sub)):
+                target = store.path(sub)
+                break
+        what = f"{target} is not writable by you: builds will be private and nothing is shared"
+    try:
+        readonly = bool(os.statvfs(target).f_flag & os.ST_RDONLY)
+    except OSError:
+        readonly = False
+    if readonly:
+        return [Check("writable", "error", f"{target} is on a read-only filesystem: builds will be private", fix)]
+    if not os.access(target, os.W_OK | os.X_OK):
+        return [Check("writable", "error", what, fix)]
+    return [Check("writable", "ok", f"{target} is writable")]
+
+
 def run_checks(root: str) -> list[Check]:
     """Every check, in the order ``doctor`` prints them."""
     from .remote.admin import doctor_checks as check_remote  # imports the client only if configured
 
-    return check_root(root) + check_filesystem(root) + check_toolchain(root) + check_environment() + check_remote()
+    return (check_root(root) + check_writable(root) + check_filesystem(root) + check_toolchain(root)
+            + check_environment() + check_remote())

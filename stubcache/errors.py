@@ -7,15 +7,19 @@ class StubCacheError(Exception):
     """Base class of all stubcache errors."""
 
 
-class BuildError(StubCacheError):
+class BuildError(StubCacheError, RuntimeError):
     """A stub failed to compile or link.
+
+    A :class:`RuntimeError`, as torch's own build failures are, so ``except RuntimeError`` written
+    against ``torch.utils.cpp_extension`` keeps catching it; the message has torch's shape,
+    ``Error building extension 'name': <compiler output>``.
 
     ``output`` holds the compiler's (or ninja's) output; ``key`` the key that was being built.
     Nothing was published for that key.
     """
 
     def __init__(self, message: str, *, output: str = "", key: str = "", name: str = "") -> None:
-        super().__init__(message if not output else f"{message}\n{output}")
+        super().__init__(message if not output else f"{message}: {output}")
         self.output = output
         self.key = key
         self.name = name

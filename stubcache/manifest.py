@@ -47,7 +47,12 @@ class Manifest:
         return {f: getattr(self, f) for f in self.__slots__}
 
     def dumps(self) -> str:
-        return json.dumps(self.to_dict(), indent=1, sort_keys=True, ensure_ascii=False)
+        text = json.dumps(self.to_dict(), indent=1, sort_keys=True, ensure_ascii=False)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # undecodable source bytes (load() of a non-UTF-8 file): escape them
+            text = json.dumps(self.to_dict(), indent=1, sort_keys=True, ensure_ascii=True)
+        return text
 
     @classmethod
     def loads(cls, text: str) -> "Manifest":

@@ -351,9 +351,13 @@ def execute_item(store: Store, item: PlanItem) -> str:
     raise ValueError(f"unknown plan item kind {item.kind!r}")
 
 
-def execute_plan(store: Store, plan: PrunePlan) -> PrunePlan:
-    """Carry out every ``remove`` item of ``plan`` in order; fills each item's ``outcome``."""
-    for item in plan.removals:
+def execute_plan(store: Store, plan: PrunePlan, progress=None) -> PrunePlan:
+    """Carry out every ``remove`` item of ``plan`` in order; fills each item's ``outcome``.
+    ``progress``, if given, is called with ``(done, total)`` before each item."""
+    removals = plan.removals
+    for i, item in enumerate(removals):
+        if progress is not None:
+            progress(i, len(removals))
         try:
             item.outcome = execute_item(store, item)
         except (OSError, ValueError) as exc:

@@ -130,12 +130,26 @@ def init_root(root: str, group: str | None = None) -> list[str]:
     else:
         cfg = {"mode": "private", "created": time.time(), "by_uid": os.geteuid()}
         done.append("private to uid %d, directories mode 700" % os.geteuid())
-    path = os.path.join(store.root, CONFIG_NAME)
+    from .trust import load_root_config
+
+    try:  # settings (`stubcache config`) survive a conversion
+        from .sizecap import SETTINGS
+
+        old = load_root_config(store.root)[1]
+        cfg.update({k: v for k, v in old.items() if k in SETTINGS})
+    except Exception:
+        pass
+    done.append(f"wrote {write_root_config(store.root, cfg)}")
+    return done
+
+
+def write_root_config(root: str, cfg: dict) -> str:
+    """Atomically replace ``<root>/stubcache-root.json`` (mode 0644); returns its path."""
+    path = os.path.join(root, CONFIG_NAME)
     tmp = f"{path}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         json.dump(cfg, fh, indent=1)
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)
-    done.append(f"wrote {path}")
-    return done
+    return path

@@ -58,7 +58,8 @@ def _check_text(text: str, field: str) -> None:
     if "\x00" in text:
         raise ValueError(f"{field} contains a NUL character")
     try:
-        text.encode("utf-8")
+        # surrogateescape: undecodable bytes of a source file read by load() are kept as such
+        text.encode("utf-8", "surrogateescape")
     except UnicodeEncodeError as exc:
         raise ValueError(f"{field} is not valid UTF-8 text ({exc.reason} at {exc.start})") from None
 
@@ -312,8 +313,15 @@ class StubSpec:
             }
         return self._canonical
 
-    def to_json(self) -> dict:
-        """A JSON form that :meth:`from_json` turns back into an equal spec (used by spec files)."""
+    def to_json(self) -> str:
+        """The spec as a JSON string (a spec file ``stubcache warm`` reads); :meth:`from_json`
+        turns it back into an equal spec."""
+        import json
+
+        return json.dumps(self.to_dict(), sort_keys=True, ensure_ascii=False)
+
+    def to_dict(self) -> dict:
+        """The spec as plain JSON-ready data; :meth:`from_dict` turns it back into an equal spec."""
         return {
             "name": self.name,
             "cpp_sources": list(self.cpp_sources),
@@ -331,8 +339,18 @@ class StubSpec:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "StubSpec":
-        """Build a spec from :meth:`to_json` output; unknown fields are an error."""
+    def from_json(cls, data: "str | bytes | Mapping[str, Any]") -> "StubSpec":
+        """Build a spec from :meth:`to_json` output (a string; a mapping is read as
+        :meth:`from_dict` does); unknown fields are an error."""
+        if isinstance(data, (str, bytes, bytearray)):
+            import json
+
+            data = json.loads(data)
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "StubSpec":
+        """Build a spec from :meth:`to_dict` output; unknown fields are an error."""
         if not isinstance(data, Mapping):
             raise TypeError(f"a spec must be a JSON object, got {type(data).__name__}")
         unknown = set(data) - set(cls.__init__.__code__.co_varnames[1:cls.__init__.__code__.co_argcount])

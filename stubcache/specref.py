@@ -33,7 +33,7 @@ def _coerce(value: Any, origin: str) -> list[StubSpec]:
         return [value]
     if isinstance(value, dict):
         try:
-            return [StubSpec.from_json(value)]
+            return [StubSpec.from_dict(value)]
         except (TypeError, ValueError) as exc:
             raise SpecRefError(f"{origin}: invalid spec: {exc}") from None
     if isinstance(value, (list, tuple)):

@@ -96,7 +96,14 @@ def check_dir(path: str, what: str = "cache directory", policy: TrustPolicy | No
 def load_policy(root: str, extra_uids: frozenset = frozenset()) -> TrustPolicy:
     """The layout policy of a root: shared if ``<root>/stubcache-root.json`` says so. This says
     who may write there (used by ``verify``, ``doctor``, ``init``); whether *this* user loads
-    code from the root is :func:`loader_policy`'s question.
+    code from the root is :func:`loader_policy`'s question. See :func:`load_root_config`."""
+    return load_root_config(root, extra_uids)[0]
+
+
+def load_root_config(root: str, extra_uids: frozenset = frozenset()) -> tuple[TrustPolicy, dict]:
+    """The layout policy of a root and its whole configuration (``{}`` without a config file),
+    read once and checked as :func:`load_policy` describes (settings such as ``max_size`` live
+    in the same file, so they carry the same trust).
 
     That file decides whom to trust, so it and the root directory holding it must be beyond the
     group's reach: both owned by a trusted user (the config by the root's owner or by root), and
@@ -106,7 +113,7 @@ def load_policy(root: str, extra_uids: frozenset = frozenset()) -> TrustPolicy:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
-        return TrustPolicy(extra_uids=extra_uids) if extra_uids else private_policy()
+        return (TrustPolicy(extra_uids=extra_uids) if extra_uids else private_policy()), {}
     except PermissionError:
         raise UntrustedRoot(f"cannot read the cache config {path} (permission denied): this account "
                             "is not one the root's owner shares it with", "ask the owner to add this account "
@@ -140,7 +147,7 @@ def load_policy(root: str, extra_uids: frozenset = frozenset()) -> TrustPolicy:
     if st.st_uid not in (root_st.st_uid, 0):
         raise TrustError(f"refusing cache config {path}: owned by uid {st.st_uid}, but the root by uid "
                          f"{root_st.st_uid}; recreate it with `stubcache init`")
-    return policy
+    return policy, cfg
 
 
 # --- trust anchored in the loading user ----------------------------------------------------------

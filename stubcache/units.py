@@ -12,10 +12,16 @@ _DURATION_RE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhdw]?)\s*\Z", re.I)
 
 
 def parse_size(text: str) -> int:
-    """Bytes in ``text``: ``123``, ``10K``, ``1.5M``, ``2G``, ``2GiB``, ``1T`` (powers of 1024)."""
+    """Bytes in ``text``: ``10K``, ``1.5M``, ``2G``, ``2GiB``, ``1T`` (powers of 1024), or
+    ``123B``. A bare number other than 0 is refused: ``10`` is far more often a forgotten unit than 10 bytes."""
+    if text.strip().startswith("-"):
+        raise ValueError(f"bad size {text!r}: a size cannot be negative")
     m = _SIZE_RE.match(text)
     if not m:
-        raise ValueError(f"bad size {text!r}: use a number with an optional K, M, G or T suffix (e.g. 2G)")
+        raise ValueError(f"bad size {text!r}: use a number with a K, M, G or T suffix (e.g. 2G)")
+    if not m.group(2) and not text.strip().lower().endswith("b") and float(m.group(1)) != 0:
+        raise ValueError(f"bad size {text!r}: give a unit, e.g. {m.group(1)}G or {m.group(1)}M "
+                         f"(or {m.group(1)}B for {m.group(1)} bytes)")
     return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
 
 

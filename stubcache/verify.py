@@ -99,14 +99,18 @@ def _check_at(store: Store, efd: int, edir: str, key: str, policy: TrustPolicy) 
     return VerifyResult(key, name, "ok")
 
 
-def verify_store(store: Store, quarantine: bool = True) -> list[VerifyResult]:
-    """Check every entry; move the bad ones to ``quarantine/`` (unless ``quarantine=False``)."""
+def verify_store(store: Store, quarantine: bool = True, progress=None) -> list[VerifyResult]:
+    """Check every entry; move the bad ones to ``quarantine/`` (unless ``quarantine=False``).
+    ``progress``, if given, is called with ``(done, total)`` after each entry."""
     from . import events
 
     results = []
     policy = load_policy(store.root)
     store.shared = policy.shared
-    for key in store.entry_keys():
+    keys = store.entry_keys()
+    for key in keys:
+        if progress is not None:
+            progress(len(results), len(keys))
         res = check_entry(store, key, policy)
         if res.status == "bad" and quarantine:
             res = _quarantine_locked(store, key, policy, res)

@@ -171,7 +171,7 @@ def test_warm_spec_file_and_module_reference(cache_root, cxx, tmp_path):
 
     specs = [StubSpec(f"warm{i}", f'extern "C" int stub_value(void) {{ return {i}; }}') for i in (1, 2)]
     f = tmp_path / "specs.json"
-    f.write_text(json.dumps([s.to_json() for s in specs]))
+    f.write_text(json.dumps([s.to_dict() for s in specs]))
     res = cli_json(cache_root, "warm", str(f))
     assert [r["status"] for r in res["results"]] == ["built", "built"] and res["failed"] == 0
     assert [r["status"] for r in cli_json(cache_root, "warm", str(f))["results"]] == ["cached", "cached"]

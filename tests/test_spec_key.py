@@ -106,7 +106,7 @@ def test_bad_names_are_value_errors(name):
     (dict(extra_cflags="-O2"), TypeError),
     (dict(extra_cflags=[3]), TypeError),
     (dict(is_python_module="yes"), TypeError),
-    (dict(cpp_sources="\udcff"), ValueError),
+    (dict(cpp_sources="\ud800"), ValueError),  # a lone surrogate; \udcXX (a byte load() could not decode) is kept
     (dict(cpp_sources=[]), ValueError),
     (dict(functions=["not an identifier"], is_python_module=True), ValueError),
     (dict(builder="direct", cpp_sources="torch::Tensor f();"), ValueError),
@@ -121,5 +121,6 @@ def test_bad_options_are_clear_errors(kwargs, exc):
 def test_spec_json_round_trip():
     spec = StubSpec("rt", [C_SRC], extra_cflags=["-O2"], functions=None, builder="load_inline")
     assert StubSpec.from_json(spec.to_json()) == spec
+    assert isinstance(spec.to_json(), str) and StubSpec.from_dict(spec.to_dict()) == spec
     with pytest.raises(ValueError):
         StubSpec.from_json({"name": "x", "cpp_sources": "int x;", "bogus": 1})

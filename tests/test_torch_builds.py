@@ -13,17 +13,50 @@ import pytest
 from .conftest import CxxWrapper, run_py, spawn_py
 
 PYBIND = """
-import json, stubcache
+import json, warnings, stubcache
 m = stubcache.load_inline(  # torch not imported first: the drop-in must load it itself
 
     "sc_pybind",
-    cpp_sources="int add(int a, int b) { return a + b; }\\n"
-                "torch::Tensor twice(torch::Tensor x) { return x * 2; }",
-    functions={"add": "Add two ints.", "twice": "Double a tensor."},
+    cpp_sources=[
+        "int add(int a, int b) { return a + b; }\\n"
+        "torch::Tensor twice(torch::Tensor x) { return x * 2; }",
+        # C++ autograd
+        "struct Square : torch::autograd::Function<Square> {\\n"
+        "  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x) {\\n"
+        "    ctx->save_for_backward({x}); return x * x; }\\n"
+        "  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,\\n"
+        "                                                 torch::autograd::variable_list g) {\\n"
+        "    return {g[0] * 2 * ctx->get_saved_variables()[0]}; } };\\n"
+        "torch::Tensor square(torch::Tensor x) { return Square::apply(x); }",
+        # a C++ frontend module
+        "double linear_sum(int64_t n) { torch::nn::Linear lin(n, 1); torch::NoGradGuard g;\\n"
+        "  lin->weight.fill_(1); lin->bias.fill_(0.5); return lin(torch::ones({1, n})).item<double>(); }",
+        # TORCH_WARN reaches Python's warnings; TORCH_CHECK a RuntimeError (error handling on)
+        'void warn_me() { TORCH_WARN("careful: ", 42); }',
+        'void check_positive(int64_t v) { TORCH_CHECK(v > 0, "value must be positive, got ", v); }',
+        # a TORCH_LIBRARY op beside the bindings, reached through torch.ops
+        'TORCH_LIBRARY(sc_pybind_ops, m) { m.def("thrice(Tensor x) -> Tensor", '
+        '[](const at::Tensor& x) { return x * 3; }); }',
+    ],
+    functions={"add": "Add two ints.", "twice": "Double a tensor.", "square": "x*x with a C++ backward.",
+               "linear_sum": "A torch::nn::Linear.", "warn_me": "Warn.", "check_positive": "Check."},
 )
 import torch
+x = torch.tensor([3.0], requires_grad=True)
+m.square(x).sum().backward()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    m.warn_me()
+try:
+    m.check_positive(-1)
+    err = None
+except RuntimeError as exc:
+    err = str(exc).splitlines()[0]
 print(json.dumps({"add": m.add(2, 3), "twice": m.twice(torch.ones(2)).tolist(),
-                  "doc": "Add two ints." in m.add.__doc__, "file": m.__file__}))
+                  "doc": "Add two ints." in m.add.__doc__, "file": m.__file__,
+                  "grad": x.grad.tolist(), "linear": m.linear_sum(4),
+                  "warned": [str(w.message).splitlines()[0] for w in caught], "error": err,
+                  "thrice": torch.ops.sc_pybind_ops.thrice(torch.ones(1)).tolist()}))
 """
 
 OPS = """
@@ -63,6 +96,34 @@ def test_pybind_module_via_functions(torch_cache):
     cold = torch_cache["cold"][0]
     assert cold["add"] == 5 and cold["twice"] == [2.0, 2.0] and cold["doc"] is True
     assert cold["file"].startswith(torch_cache["env"]["STUBCACHE_DIR"])
+
+
+def test_autograd_frontend_warnings_errors_and_ops_through_the_drop_in(torch_cache):
+    cold = torch_cache["cold"][0]
+    assert cold["grad"] == [6.0]  # d(x*x)/dx at 3, through the C++ backward
+    assert cold["linear"] == 4.5  # torch::nn::Linear with weights 1, bias 0.5, over 4 ones
+    # TORCH_WARN became one Python warning (torch appends where it was raised)
+    assert len(cold["warned"]) == 1 and cold["warned"][0].startswith("careful: 42")
+    assert cold["error"] == "value must be positive, got -1"  # TORCH_CHECK, torch's error handling
+    assert cold["thrice"] == [3.0]  # TORCH_LIBRARY in the same extension, via torch.ops
+
+
+def test_cpp_stack_traces_name_the_real_library(torch_cache):
+    # torch's symbolizer runs addr2line on the path in /proc/self/maps in a child process: the
+    # error must come through whole, and the maps must name the cached file itself.
+    code = PYBIND.split("import torch\n")[0] + '''
+import torch
+try:
+    m.check_positive(-2)
+except RuntimeError as exc:
+    text = str(exc)
+maps = [l.split()[-1] for l in open("/proc/self/maps") if "sc_pybind" in l]
+print(json.dumps({"text": text, "maps": sorted(set(maps)), "file": m.__file__}))
+'''
+    res = json.loads(run_py(code, env=dict(torch_cache["env"], TORCH_SHOW_CPP_STACKTRACES="1"),
+                            timeout=600).stdout.strip().splitlines()[-1])
+    assert "value must be positive, got -2" in res["text"]
+    assert res["maps"] == [res["file"]]
 
 
 def test_torch_library_registration_keeps_headers(torch_cache):

@@ -1,0 +1,206 @@
+"""A size cap that holds itself: settings (``STUBCACHE_MAX_SIZE`` and the root's configuration)
+and the prune a publishing process runs when the root has grown past the cap.
+
+The prune runs only after a publish, never on the hit path; only one process cleans at a time
+(a non-blocking lock: the others carry on at once); it is time-boxed, and it follows the usual
+rules (entries in use are never removed, least recently used go first). Entries built for a
+toolchain this host no longer matches age out after ``toolchain_max_age`` unused.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable
+
+from . import _log
+from .store import Store, try_flock_ex
+
+ENV_MAX_SIZE = "STUBCACHE_MAX_SIZE"
+DEFAULT_TOOLCHAIN_MAX_AGE = 30 * 86400.0
+TIME_BOX = 2.0  # seconds a publishing process may spend cleaning
+
+
+def _size(text: Any) -> int:
+    from .units import parse_size
+
+    if isinstance(text, int) and not isinstance(text, bool) and text >= 0:
+        return text
+    if not isinstance(text, str):
+        raise ValueError(f"bad size {text!r}")
+    return parse_size(text)
+
+
+def _age(text: Any) -> float:
+    from .units import parse_duration
+
+    if isinstance(text, (int, float)) and not isinstance(text, bool) and text >= 0:
+        return float(text)
+    if not isinstance(text, str):
+        raise ValueError(f"bad duration {text!r}")
+    return parse_duration(text)
+
+
+#: the settings ``stubcache config`` shows and sets: name -> parser of the stored value
+SETTINGS: dict[str, Callable[[Any], Any]] = {"max_size": _size, "toolchain_max_age": _age}
+
+
+def root_settings(root: str) -> dict[str, Any]:
+    """The settings stored in the root's configuration, parsed (invalid values are skipped with a
+    warning; a config that fails the trust checks raises :class:`~stubcache.errors.TrustError`)."""
+    from .trust import load_root_config
+
+    if not os.path.lexists(os.path.join(root, "stubcache-root.json")):
+        return {}
+    cfg = load_root_config(root)[1]
+    out = {}
+    for name, parse in SETTINGS.items():
+        if name in cfg and cfg[name] is not None:
+            try:
+                out[name] = parse(cfg[name])
+            except ValueError as exc:
+                _log.warning("ignoring %s in the configuration of %s: %s", name, root, exc)
+    return out
+
+
+def env_max_size() -> int | None:
+    raw = os.environ.get(ENV_MAX_SIZE, "").strip()
+    if not raw:
+        return None
+    try:
+        return _size(raw)
+    except ValueError as exc:
+        raise ValueError(f"{ENV_MAX_SIZE}: {exc}") from None
+
+
+def configured_max_size(root: str) -> int | None:
+    """The cap in bytes: the smaller of ``STUBCACHE_MAX_SIZE`` and the root's ``max_size``
+    (a user can tighten a shared root's cap, never loosen it); ``None`` if neither is set."""
+    values = [v for v in (env_max_size(), root_settings(root).get("max_size")) if v is not None]
+    return min(values) if values else None
+
+
+def set_setting(root: str, name: str, value: str | None) -> Any:
+    """Store (``value``) or remove (``None``) a setting in the root's configuration; only the
+    root's owner (or uid 0) may. Returns the parsed value."""
+    from .shared import write_root_config
+    from .trust import load_root_config
+
+    if name not in SETTINGS:
+        raise ValueError(f"unknown setting {name!r}; known: {', '.join(SETTINGS)}")
+    parsed = SETTINGS[name](value) if value is not None else None
+    st = os.lstat(root)
+    if os.geteuid() not in (st.st_uid, 0):
+        raise PermissionError(f"only the owner of {root} (uid {st.st_uid}) can change its configuration")
+    cfg = dict(load_root_config(root)[1]) or {"mode": "private", "created": time.time(), "by_uid": os.geteuid()}
+    if value is None:
+        cfg.pop(name, None)
+    else:
+        cfg[name] = value
+    write_root_config(root, cfg)
+    return parsed
+
+
+def entries_size(store: Store) -> int:
+    """Total size of the published entries (two ``stat``s an entry, no manifest reads)."""
+    total = 0
+    for key in store.entry_keys():
+        edir = store.entry_dir(key)
+        try:
+            with os.scandir(edir) as it:
+                for de in it:
+                    if de.is_file(follow_symlinks=False):
+                        total += de.stat(follow_symlinks=False).st_size
+        except OSError:
+            continue
+    return total
+
+
+START_DELAY = 0.5  # seconds the helper thread waits: a starting herd loads first
+
+
+def start_after_publish(store: Store) -> None:
+    """Run :func:`after_publish` on a helper thread, after ``START_DELAY``, so that the process
+    that built the stub (and the herd that waited for it) load without competing with the prune
+    for the CPU or the GIL. The thread is not a daemon, so a process that exits at once still
+    finishes (at most the delay and the time box) rather than stopping mid-way."""
+    import threading
+
+    def run() -> None:
+        time.sleep(START_DELAY)
+        after_publish(store)
+
+    threading.Thread(target=run, name="stubcache-sizecap").start()
+
+
+AGEOUT_INTERVAL = 86400.0  # toolchain age-out below the cap: at most once a day per root
+
+
+def after_publish(store: Store, time_box: float = TIME_BOX) -> str:
+    """Called by a process that has just published (and released its build lock). Returns what
+    happened, for tests and logs: ``no cap``, ``under cap``, ``busy`` (another process is
+    cleaning), ``pruned N`` or ``error``.
+
+    With a cap (or a ``toolchain_max_age`` setting), entries of a toolchain this host no longer
+    matches that nobody used for ``toolchain_max_age`` are removed even below the cap, at most once
+    a day; over the cap they go first, then the least recently used."""
+    try:
+        settings = root_settings(store.root)
+        cap = configured_max_size(store.root)
+        if cap is None and "toolchain_max_age" not in settings:
+            return "no cap"
+        over = cap is not None and entries_size(store) > cap
+        stamp = store.path("state", "toolchain-ageout")
+        try:
+            due = time.time() - os.stat(stamp).st_mtime > AGEOUT_INTERVAL
+        except FileNotFoundError:
+            due = True
+        if not over and not due:
+            return "under cap"
+        fd = store.open_lock_file(store.lock_path("sizecap"))
+        try:
+            if not try_flock_ex(fd):
+                return "busy"
+            if due:  # stamped first: a failing age-out is not retried on every publish
+                os.close(os.open(stamp, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                 store.mode(0o600, 0o660)))
+                os.utime(stamp)
+            age = settings.get("toolchain_max_age", DEFAULT_TOOLCHAIN_MAX_AGE)
+            return f"pruned {_prune(store, cap if over else None, age, time_box)}"
+        finally:
+            os.close(fd)
+    except Exception as exc:  # a bad setting or a broken root must not fail the build that succeeded
+        _log.warning("size cap not applied to %s: %s", store.root, exc)
+        return "error"
+
+
+def _prune(store: Store, cap: int | None, toolchain_age: float, time_box: float) -> int:
+    from .prune import PrunePolicy, current_fingerprint, execute_item, plan_prune, toolchain_mismatch
+    from .scan import CacheScan, scan_cache
+
+    deadline = time.monotonic() + time_box
+    scan = scan_cache(store, leftovers=False)
+    # Entries this toolchain cannot use and nobody used for toolchain_age go first, then LRU.
+    old = [e for e in scan.entries if e.error is None and scan.now - e.last_used > toolchain_age]
+    fp = current_fingerprint(store) if old else {}
+    stale = [e for e in old if toolchain_mismatch(e.fingerprint, fp)]
+    items = plan_prune(CacheScan(scan.root, scan.now, stale, []),
+                       PrunePolicy(everything=True, leftovers=False)).removals
+    if cap is not None:
+        gone = {i.key for i in items}
+        rest = CacheScan(scan.root, scan.now, [e for e in scan.entries if e.key not in gone], [])
+        items += plan_prune(rest, PrunePolicy(max_size=cap, leftovers=False)).removals
+    removed = 0
+    for item in items:
+        if time.monotonic() > deadline:
+            _log.info("size cap: time box of %.1fs used up; the next publish continues", time_box)
+            break
+        try:
+            outcome = execute_item(store, item)
+        except OSError as exc:
+            outcome = f"failed: {exc}"
+        if outcome == "removed":
+            removed += 1
+    if removed:
+        _log.info("size cap: removed %d entr%s from %s", removed, "y" if removed == 1 else "ies", store.root)
+    return removed
