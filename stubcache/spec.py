@@ -222,13 +222,13 @@ class StubSpec:
 
     def __reduce__(self):
         # pickle and copy rebuild through __init__ (validation included), never by setattr.
-        return (StubSpec.from_json, (self.to_json(),))
+        return (StubSpec.from_dict, (self.to_dict(),))
 
     def replace(self, **changes: Any) -> "StubSpec":
-        """A new spec equal to this one except for ``changes`` (fields as in :meth:`to_json`)."""
-        data = self.to_json()
+        """A new spec equal to this one except for ``changes`` (fields as in :meth:`to_dict`)."""
+        data = self.to_dict()
         data.update(changes)
-        return StubSpec.from_json(data)
+        return StubSpec.from_dict(data)
 
     # --- derived properties (pure) ---------------------------------------------------------
 
