@@ -144,12 +144,13 @@ def init_root(root: str, group: str | None = None) -> list[str]:
 
 
 def write_root_config(root: str, cfg: dict) -> str:
-    """Atomically replace ``<root>/stubcache-root.json`` (mode 0644); returns its path."""
-    path = os.path.join(root, CONFIG_NAME)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(cfg, fh, indent=1)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-    return path
+    """Atomically replace ``<root>/stubcache-root.json`` (mode 0644, through the root's descriptor,
+    never following a link); returns its path."""
+    from . import fsroot
+
+    dfd = fsroot.open_dir(root)
+    try:
+        fsroot.replace_at(dfd, CONFIG_NAME, json.dumps(cfg, indent=1).encode("utf-8"), 0o644)
+    finally:
+        os.close(dfd)
+    return os.path.join(root, CONFIG_NAME)

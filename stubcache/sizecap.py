@@ -162,9 +162,13 @@ def after_publish(store: Store, time_box: float = TIME_BOX) -> str:
             if not try_flock_ex(fd):
                 return "busy"
             if due:  # stamped first: a failing age-out is not retried on every publish
-                os.close(os.open(stamp, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                 store.mode(0o600, 0o660)))
-                os.utime(stamp)
+                from . import fsroot
+
+                dfd = fsroot.open_dir(store.path("state"))
+                try:
+                    fsroot.replace_at(dfd, os.path.basename(stamp), b"", store.mode(0o600, 0o660))
+                finally:
+                    os.close(dfd)
             age = settings.get("toolchain_max_age", DEFAULT_TOOLCHAIN_MAX_AGE)
             return f"pruned {_prune(store, cap if over else None, age, time_box)}"
         finally:
