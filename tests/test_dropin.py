@@ -361,6 +361,47 @@ def test_start_up_hook_does_nothing_without_the_variable(tmp_path):
     assert proc.stdout.split() == ["True", "0", "False"]  # user's sitecustomize still ran
 
 
+def test_start_up_hook_keeps_the_path_changes_of_the_sitecustomize_it_chains(tmp_path):
+    from stubcache.run import BOOT_DIR
+
+    other = tmp_path / "site2"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("import sys; sys.path.append('/opt/added-by-user')\n")
+    proc = run_py("""
+        import sys
+        print('/opt/added-by-user' in sys.path)
+    """, env={"PYTHONPATH": os.pathsep.join([BOOT_DIR, str(other), str(REPO)]), "STUBCACHE_PATCH_TORCH": "1"})
+    assert proc.stdout.split() == ["True"]  # a sitecustomize that extends sys.path keeps working
+
+
+def _fake_torch(tmp_path):
+    """A header-free stand-in for ``torch.utils.cpp_extension`` (the hook only needs the module)."""
+    pkg = tmp_path / "faketorch" / "torch"
+    (pkg / "utils").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "utils" / "__init__.py").write_text("")
+    (pkg / "utils" / "cpp_extension.py").write_text("def load_inline(*a, **k): pass\ndef load(*a, **k): pass\n")
+    return pkg.parent
+
+
+def test_two_start_up_hooks_on_the_path_do_not_recurse(tmp_path):
+    """Nested ``stubcache run`` from two installs puts two hook directories on PYTHONPATH."""
+    import shutil
+
+    from stubcache.run import BOOT_DIR
+
+    second = tmp_path / "boot2"
+    shutil.copytree(BOOT_DIR, second)
+    env = {"PYTHONPATH": os.pathsep.join([str(second), BOOT_DIR, str(REPO), str(_fake_torch(tmp_path))]),
+           "STUBCACHE_PATCH_TORCH": "1"}
+    proc = run_py("""
+        import torch.utils.cpp_extension
+        from stubcache.patch import is_patched
+        print(is_patched())
+    """, env=env, timeout=120)
+    assert proc.stdout.split() == ["True"]
+
+
 # --- the terminal status line ---------------------------------------------------------------------
 
 STATUS_CHILD = """

@@ -37,18 +37,29 @@ class _PatchingLoader:
 class _Finder:
     """Finds ``torch.utils.cpp_extension`` through the other finders and wraps its loader."""
 
+    def __init__(self):
+        import threading
+
+        self._busy = threading.local()
+
     def find_spec(self, name, path=None, target=None):
-        if name != _TARGET:
+        # Re-entered through another finder that also asks sys.meta_path (a second copy of this
+        # hook, from a nested `stubcache run` of another install): answer nothing the second time.
+        if name != _TARGET or getattr(self._busy, "on", False):
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _PatchingLoader(spec.loader)
-                return spec
-        return None
+        self._busy.on = True
+        try:
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(name, path, target)
+                if spec is not None:
+                    if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                        spec.loader = _PatchingLoader(spec.loader)
+                    return spec
+            return None
+        finally:
+            self._busy.on = False
 
 
 def _install():
@@ -64,7 +75,7 @@ def _install():
 def _chain():
     """Import the ``sitecustomize`` this file shadows, as site.py would have."""
     here = os.path.dirname(os.path.abspath(__file__))
-    saved = sys.path[:]
+    removed = [(i, p) for i, p in enumerate(sys.path) if os.path.abspath(p or os.curdir) == here]
     me = sys.modules.pop("sitecustomize", None)
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
     try:
@@ -73,7 +84,10 @@ def _chain():
         if exc.name != "sitecustomize":
             raise
     finally:
-        sys.path[:] = saved
+        # Put this directory back where it was, keeping what that sitecustomize did to sys.path
+        # (a site.addsitedir, an append): restoring a saved copy would undo it.
+        for i, p in removed:
+            sys.path.insert(i, p)
         if me is not None and "sitecustomize" not in sys.modules:
             sys.modules["sitecustomize"] = me
 
