@@ -210,3 +210,44 @@ def test_gone_toolchain_ages_out_below_the_cap_once_a_day(cache_root, cxx, monke
     assert len(entry_keys(cache_root)) == 1
     fake_entry(store, "old_toolchain2", 4096, last_used=now - 40 * 86400)
     assert sizecap.after_publish(store) == "under cap"  # at most once a day
+
+
+def test_a_process_forked_during_the_prune_does_not_keep_its_lock(cache_root, cxx, monkeypatch):
+    """An engine that forks workers (DataLoader, multiprocessing 'fork') while the size-cap thread
+    prunes: the worker inherits the lock's open file, and flock is released only when every copy
+    is closed, so a long-lived worker kept every later prune 'busy' (the cap never applied)."""
+    import signal
+    import time
+
+    from stubcache import sizecap
+
+    build_real([1], run_py)
+    store = StubCache().store
+    monkeypatch.setenv("STUBCACHE_MAX_SIZE", "1B")
+    children = []
+
+    def prune_and_fork(*args):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the worker: says it is running (fork hooks done), then lives on
+            os.write(w, b"x")
+            time.sleep(30)
+            os._exit(0)
+        children.append(pid)
+        os.close(w)
+        assert os.read(r, 1) == b"x"
+        os.close(r)
+        return 0
+
+    monkeypatch.setattr(sizecap, "_prune", prune_and_fork)
+    try:
+        assert sizecap.after_publish(store) == "pruned 0"
+        fd = store.open_lock_file(store.lock_path("sizecap"))
+        try:
+            assert try_flock_ex(fd)  # the worker does not hold the cleaner's lock
+        finally:
+            os.close(fd)
+    finally:
+        for pid in children:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
