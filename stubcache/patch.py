@@ -91,8 +91,9 @@ def patch_torch(module: Any = None) -> None:
     if module is None:
         import torch.utils.cpp_extension as module
     with _lock:
+        for name in NAMES:  # all of torch's functions remembered before any is replaced
+            torch_original(name)
         for name in NAMES:
-            torch_original(name)  # remember torch's function before replacing it
             if not is_dropin(getattr(module, name)):
                 setattr(module, name, _wrapper(name))
 

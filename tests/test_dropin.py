@@ -402,6 +402,19 @@ def test_two_start_up_hooks_on_the_path_do_not_recurse(tmp_path):
     assert proc.stdout.split() == ["True"]
 
 
+def test_a_failing_patch_does_not_fail_the_programs_torch_import(tmp_path):
+    fake = _fake_torch(tmp_path)
+    (fake / "torch" / "utils" / "cpp_extension.py").write_text("def load_inline(*a, **k): pass\n")  # no load
+    from stubcache.run import BOOT_DIR
+
+    proc = run_py("""
+        import torch.utils.cpp_extension as m
+        print(m.load_inline.__module__)
+    """, env={"PYTHONPATH": os.pathsep.join([BOOT_DIR, str(REPO), str(fake)]), "STUBCACHE_PATCH_TORCH": "1"})
+    assert proc.stdout.split() == ["torch.utils.cpp_extension"]
+    assert "not patched" in proc.stderr
+
+
 # --- the terminal status line ---------------------------------------------------------------------
 
 STATUS_CHILD = """

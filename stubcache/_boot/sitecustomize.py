@@ -31,7 +31,10 @@ class _PatchingLoader:
             sys.stderr.write(f"stubcache run: cannot import stubcache in this Python ({exc}); "
                              "torch's loaders are not patched\n")
             return
-        patch_torch(module)
+        try:
+            patch_torch(module)
+        except Exception as exc:  # the program imported torch, not stubcache: never fail its import
+            sys.stderr.write(f"stubcache run: torch's loaders are not patched ({type(exc).__name__}: {exc})\n")
 
 
 class _Finder:
