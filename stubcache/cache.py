@@ -179,7 +179,7 @@ class StubCache:
         the name and returns the same, already checked handle and state, even if the entry has
         since been removed or replaced on disk."""
         self.load_entry(entry)
-        return entry.path
+        return os.path.realpath(entry.path)
 
     def load(self, spec: StubSpec):
         """``get_or_build`` and ``dlopen`` the library; returns a ``ctypes.CDLL``."""
@@ -194,9 +194,13 @@ class StubCache:
             if fd is None:
                 fd = self._open_checked(entry)
                 self._lib_fds[entry.path] = fd
-            lib = ctypes.CDLL(entry.path)
+            # By the real path: the name torch.ops.load_library (it calls os.path.realpath) and
+            # symbolizers use, so glibc matches it to this checked handle rather than mapping
+            # whatever file is at that path by then (a root reached through a symlink).
+            real = os.path.realpath(entry.path)
+            lib = ctypes.CDLL(real)
             try:
-                check_mapped(entry.path, os.fstat(fd), entry.manifest.sha256)
+                check_mapped(real, os.fstat(fd), entry.manifest.sha256)
             except IntegrityError:
                 import _ctypes
 

@@ -98,8 +98,7 @@ def _import_entry(cache: StubCache, entry: Entry, is_python_module: bool) -> Any
     # Every load below is by the path load_entry verified and loaded, so glibc hands back that
     # checked handle even if the entry has since been replaced on disk.
     if entry.manifest.build_method == "direct":
-        cache.loaded_path(entry)
-        result: Any = entry.path
+        result: Any = cache.loaded_path(entry)  # the real path it was loaded (and checked) by
     else:
         import torch  # first: the library needs libtorch (and its Python bindings) loaded
 
@@ -119,7 +118,7 @@ def _import_entry(cache: StubCache, entry: Entry, is_python_module: bool) -> Any
             result = module
         else:
             torch.ops.load_library(path)
-            result = entry.path
+            result = path
     if entry.published:
         _modules[key] = result
     return result

@@ -214,6 +214,25 @@ def test_a_library_swapped_between_check_and_load_is_refused(cache_root, tmp_pat
         cache.load_entry(entry)
 
 
+def test_a_root_reached_through_a_symlink_is_loaded_by_its_real_path(tmp_path, monkeypatch):
+    """torch.ops.load_library (and symbolizers) use os.path.realpath of the path we return: it
+    must name the handle that was checked, or glibc maps whatever file is there now, unchecked."""
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    monkeypatch.setenv("STUBCACHE_DIR", str(tmp_path / "link" / "cache"))
+    path = stubcache.load_inline("via_link", 'extern "C" int f(void) { return 1; }', is_python_module=False,
+                                 no_implicit_headers=True)
+    assert path == os.path.realpath(path)
+    # The file is replaced after the checked load (a prune and rebuild, or a swap): what torch's
+    # load_library(path) opens is still the checked library.
+    other = stubcache.StubCache(tmp_path / "other").get_or_build(
+        stubcache.StubSpec("via_link", 'extern "C" int f(void) { return 2; }'))
+    os.chmod(os.path.dirname(path), 0o700)
+    os.replace(other.path, path)
+    assert ctypes.CDLL(os.path.realpath(path)).f() == 1
+
+
 def test_build_directory_gets_one_notice(cache_root, tmp_path, caplog):
     import logging
 
