@@ -172,7 +172,7 @@ def load_inline(
     root = default_root()
     # Repeated calls with the same arguments (engines call this per layer or per request) skip
     # validation and hashing: torch returns the already-loaded module in that case too.
-    memo_key = None
+    memo_key = call = None
     try:
         call = (_frozen(cpp_sources), _frozen(cuda_sources), _frozen(functions), _frozen(extra_cflags),
                 _frozen(extra_cuda_cflags), _frozen(extra_ldflags), _frozen(extra_include_paths), with_cuda,
@@ -193,18 +193,33 @@ def load_inline(
         with_pytorch_error_handling=with_pytorch_error_handling,
         no_implicit_headers=bool(no_implicit_headers),
     )
-    entry, result = _get_and_import(spec, verbose)
+    entry, result = _get_and_import(spec, verbose, name, call)
     if memo_key is not None and entry.published and not spec.tracks_headers:
         _call_memo[memo_key] = result
     return result
 
 
-def _get_and_import(spec: StubSpec, verbose: bool) -> tuple[Entry, Any]:
+_imported: dict[str, str] = {}  # Python module name -> key of the library imported under it
+
+
+def _get_and_import(spec: StubSpec, verbose: bool, name: Any = None, call: Any = None) -> tuple[Entry, Any]:
     from . import progress
 
     cache = default_cache()
     with progress.verbose_scope(verbose):
         entry = cache.get_or_build(spec)
+        while spec.is_python_module and isinstance(name, str):
+            with _lock:
+                prev = _imported.setdefault(spec.name, entry.key)
+                if prev == entry.key:
+                    break
+                # Same arguments, another library under a name already imported (a header it
+                # includes changed, the compiler changed): Python would hand back the module
+                # imported first, so the new library gets the next name, as a change of sources does.
+                version = _versions.get(name, (0, None))[0] + 1
+                _versions[name] = (version, call)
+            spec = spec.replace(name=f"{name}_v{version}")
+            entry = cache.get_or_build(spec)
     if verbose:
         progress.echo(f"stubcache: loading extension module {spec.name} from {entry.path} "
                       f"({entry.manifest.build_method} build)\n")
@@ -269,7 +284,7 @@ def load(
         extra_include_paths=[*(extra_include_paths or []), *dirs], with_cuda=with_cuda,
         is_python_module=is_python_module, no_implicit_headers=True,
     )
-    return _get_and_import(spec, verbose)[1]
+    return _get_and_import(spec, verbose, name, call)[1]
 
 
 mark(load_inline)

@@ -48,6 +48,26 @@ def test_same_name_new_sources_returns_the_new_module(cache_root):
     assert "The answer." in out["doc"] and out["same"] is True
 
 
+def test_a_changed_header_with_the_same_arguments_returns_the_new_module(cache_root, tmp_path):
+    # The header is in the key, so the library is new; under the name already imported, Python
+    # handed back the first module (old code) while verbose said it loaded the new file.
+    (tmp_path / "v.h").write_text("#define V 1\n")
+    (tmp_path / "m.cpp").write_text(PYB + '#include "v.h"\nint f() { return V; }\n'
+                                    "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def(\"f\", &f); }\n")
+    proc = run_py(f"""
+        import json, stubcache
+        a = stubcache.load("hdr_change", [{str(tmp_path / "m.cpp")!r}])
+        open({str(tmp_path / "v.h")!r}, "w").write("#define V 2\\n")
+        b = stubcache.load("hdr_change", [{str(tmp_path / "m.cpp")!r}])
+        again = stubcache.load("hdr_change", [{str(tmp_path / "m.cpp")!r}])
+        print(json.dumps({{"values": [a.f(), b.f(), again.f()], "names": [a.__name__, b.__name__],
+                          "same": again is b}}))
+    """)
+    out = last_json(proc)
+    assert out["values"] == [1, 2, 2]
+    assert out["names"] == ["hdr_change", "hdr_change_v1"] and out["same"] is True
+
+
 def test_functions_of_the_wrong_type_raise_value_error_as_torch_does(cache_root):
     with pytest.raises(ValueError, match="Expected 'functions' to be a list or dict"):
         stubcache.load_inline("bad_functions", "int f() { return 1; }", functions=5)
