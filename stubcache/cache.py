@@ -31,6 +31,7 @@ _warned_degraded: set[str] = set()  # roots this process has already warned abou
 _PROCESS_LOCK = threading.RLock()
 _PINS: dict[tuple[str, str], int] = {}
 _LIB_FDS: dict[str, int] = {}
+_REAL_PATHS: dict[str, str] = {}  # entry path -> the real path it was first loaded by
 _VERIFIED: dict[str, tuple] = {}
 
 
@@ -179,7 +180,7 @@ class StubCache:
         the name and returns the same, already checked handle and state, even if the entry has
         since been removed or replaced on disk."""
         self.load_entry(entry)
-        return os.path.realpath(entry.path)
+        return _REAL_PATHS[entry.path]  # the name load_entry loaded and checked it by
 
     def load(self, spec: StubSpec):
         """``get_or_build`` and ``dlopen`` the library; returns a ``ctypes.CDLL``."""
@@ -197,7 +198,11 @@ class StubCache:
             # By the real path: the name torch.ops.load_library (it calls os.path.realpath) and
             # symbolizers use, so glibc matches it to this checked handle rather than mapping
             # whatever file is at that path by then (a root reached through a symlink).
-            real = os.path.realpath(entry.path)
+            # Resolved once per process: a later load by that name gets glibc's handle for the
+            # file checked below, and repeated hits skip realpath's lstat per path component.
+            real = _REAL_PATHS.get(entry.path)
+            if real is None:
+                real = _REAL_PATHS[entry.path] = os.path.realpath(entry.path)
             lib = ctypes.CDLL(real)
             try:
                 check_mapped(real, os.fstat(fd), entry.manifest.sha256)
