@@ -104,8 +104,7 @@ class RemoteTotals:
     errors: int = 0
 
     def add(self, ev: str, rec: dict[str, Any], s: float) -> None:
-        n = rec.get("bytes")
-        n = n if isinstance(n, int) else 0
+        n = count(rec.get("bytes")) or 0  # event files are written by others: range-checked
         if ev == "remote_hit":
             self.hits += 1
             self.bytes_downloaded += n

@@ -62,3 +62,16 @@ def test_stats_counts_failed_builds_and_handles_an_empty_root(cache_root, cxx):
     empty = cli_json(cache_root.parent / "nothing-here", "stats")
     assert empty["entries"] == 0 and empty["hits"] == 0 and empty["hit_rate"] is None
     assert run_cli(cache_root, "stats").returncode == 0
+
+
+def test_remote_byte_counts_from_event_files_are_range_checked():
+    """Event files are written by every process using the root: a negative, boolean or absurd
+    ``bytes`` value is ignored rather than folded into the totals."""
+    from stubcache.stats import EventTotals
+
+    totals = EventTotals()
+    for n in (-5, True, 1 << 62, 1.5, "7", 100):
+        totals.add({"ev": "remote_hit", "key": "k", "s": 0.1, "bytes": n})
+        totals.add({"ev": "upload", "key": "k", "s": 0.1, "bytes": n})
+    assert totals.remote.hits == 6 and totals.remote.uploads == 6
+    assert totals.remote.bytes_downloaded == 100 and totals.remote.bytes_uploaded == 100
