@@ -473,6 +473,16 @@ def _real_tools_unchanged(value: dict) -> bool:
         return False
 
 
+def _boot_id() -> str:
+    """This boot's id, for memos that hold only until a reboot; without one, this process's pid
+    (the memo then holds for this process only)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            return fh.read().strip()
+    except OSError:
+        return str(os.getpid())
+
+
 def native_target(flags: tuple, state_dir: str | None) -> dict[str, Any]:
     """What ``-march=native``/``-mtune=native``/``-mcpu=native`` mean on this CPU: the compiler's
     resolved target options (``-Q --help=target``), memoised per compiler, flags and boot."""
@@ -483,12 +493,7 @@ def native_target(flags: tuple, state_dir: str | None) -> dict[str, Any]:
     if cached is not None:
         return cached
     ident = compiler_identity(cxx, state_dir)
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
-            boot = fh.read().strip()
-    except OSError:
-        boot = str(os.getpid())  # no boot id: memoise for this process only
-    memo_key = f"native:{ident.get('path')}:{ident.get('version')}:{native}:{boot}"
+    memo_key = f"native:{ident.get('path')}:{ident.get('version')}:{native}:{_boot_id()}"
 
     def compute() -> dict:
         import shlex
@@ -684,12 +689,7 @@ def visible_cuda_archs(state_dir: str | None) -> list[str] | None:
         gpus = sorted(os.listdir("/proc/driver/nvidia/gpus"))
     except OSError:
         gpus = []
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
-            boot = fh.read().strip()
-    except OSError:
-        boot = str(os.getpid())
-    memo_key = f"cudaarch:{boot}:{gpus}:{os.environ.get('CUDA_VISIBLE_DEVICES')}"
+    memo_key = f"cudaarch:{_boot_id()}:{gpus}:{os.environ.get('CUDA_VISIBLE_DEVICES')}"
 
     def compute() -> dict:
         return {"archs": _query_cuda_archs()}
