@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -259,3 +261,35 @@ def test_manifest_records_the_build(cache_root):
     assert "$ " in m.build_log and m.size == os.path.getsize(entry.path)
     assert sorted(os.listdir(os.path.dirname(entry.path))) == sorted(["manifest.json", m.library])
     assert os.stat(cache_root).st_mode & 0o777 == 0o700
+
+
+COUNTER = 'static int n; extern "C" int bump(void) { return ++n; }\n'
+
+
+def test_loaded_path_names_the_verified_file_after_replacement(cache_root):
+    cache = StubCache()
+    entry = cache.get_or_build(StubSpec("counter", COUNTER))
+    assert cache.load_entry(entry).bump() == 1
+    loaded = cache.loaded_path(entry)
+    assert loaded == entry.path  # the real path: what /proc/self/maps shows, for symbolizers
+    # Someone quarantines the entry and another process rebuilds it at the same path.
+    cache.store.quarantine(entry.key, "test")
+    StubCache().get_or_build(StubSpec("counter", COUNTER))
+    # glibc matches the loaded name: same handle, same state, the file we verified
+    assert ctypes.CDLL(loaded).bump() == 2
+
+
+def test_a_slow_build_does_not_block_other_keys_in_the_process(cache_root, cxx, tmp_path, monkeypatch):
+    ready = StubCache().get_or_build(StubSpec("fast", value_src(1)))  # published, not in `cache`'s memo
+    cache = StubCache()
+    mark = tmp_path / "compiling"
+    monkeypatch.setenv("STUBCACHE_TEST_CXX_SLEEP", "5")
+    monkeypatch.setenv("STUBCACHE_TEST_CXX_MARK", str(mark))
+    slow = threading.Thread(target=lambda: cache.get_or_build(StubSpec("slow", value_src(2))))
+    slow.start()
+    while not mark.exists():
+        slow.join(0.01)
+    assert cache.get_or_build(StubSpec("fast", value_src(1))).key == ready.key
+    assert cache.load_entry(ready).value() == 1
+    assert slow.is_alive()  # the hit and the load finished while the slow build was running
+    slow.join()

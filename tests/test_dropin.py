@@ -552,3 +552,12 @@ def test_patched_torch_hands_unsupported_options_to_torch(cache_root, tmp_path):
         print(exe.startswith({str(tmp_path)!r}), subprocess.run([exe]).returncode)
     """, timeout=300)
     assert proc.stdout.split()[-2:] == ["True", "3"]
+
+
+def test_load_of_a_self_contained_file(cache_root, cxx, tmp_path):
+    f = tmp_path / "solo.cpp"
+    f.write_text('extern "C" int value(void) { return 4; }\n')
+    for _ in range(2):
+        path = stubcache.load("solo", [str(f)], is_python_module=False)
+        assert ctypes.CDLL(path).value() == 4
+    assert cxx.compiles() == 1

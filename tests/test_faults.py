@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import stubcache
-from stubcache import StubCache
+from stubcache import StubCache, StubSpec
 from stubcache.store import Store, file_sha256
 
 from .conftest import run_py
@@ -228,3 +229,18 @@ def test_empty_and_huge_sources(cache_root, cxx):
 
     assert ctypes.CDLL(path).value() == 5
     assert all(str(p).startswith(str(cache_root)) for p in [Path(path)])
+
+
+def test_lost_variant_marker_recovers(cache_root, cxx, tmp_path):
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "v.h").write_text("#define V 8\n")
+    spec = lambda: StubSpec("marker", '#include "v.h"\nextern "C" int value(void) { return V; }\n',
+                            extra_include_paths=[str(inc)])
+    e1 = StubCache().get_or_build(spec())
+    for marker_dir in (cache_root / "v1" / "variants").iterdir():  # as if the marker was never written
+        shutil.rmtree(marker_dir)
+    cache = StubCache()
+    e2 = cache.get_or_build(spec())
+    assert e2.key == e1.key and cache.load_entry(e2).value() == 8
+    assert StubCache().get_or_build(spec()).key == e1.key

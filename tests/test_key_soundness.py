@@ -533,3 +533,53 @@ def test_user_dir_named_like_a_standard_library_dir_is_tracked(cache_root, cxx, 
     spec = {"name": "cxxdir", "cpp_sources": value_src('#include "val.h"'), "extra_include_paths": [str(d)]}
     cycle(cxx, spec, lambda: (d / "val.h").write_text("#define VAL 2\n"),
           lambda: (d / "val.h").write_text("#define VAL 1\n"))
+
+
+def src(n: int) -> str:
+    return f'extern "C" int value(void) {{ return {n}; }}\n'
+
+
+def test_include_dir_without_used_headers(cache_root, cxx, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for _ in range(2):
+        cache = StubCache()
+        entry = cache.get_or_build(StubSpec("noinc", src(3), extra_include_paths=[str(empty)]))
+        assert cache.load_entry(entry).value() == 3
+        # Nothing from the include dir; system headers and linker inputs are tracked regardless.
+        assert not any(p.startswith(str(empty)) for p in entry.manifest.headers)
+    assert cxx.compiles() == 1
+
+
+def test_environment_changed_after_first_call_changes_the_key(cache_root, monkeypatch):
+    cache = StubCache()
+    spec = StubSpec("envkey", src(1))
+    k1 = cache.get_or_build(spec).key
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    k2 = cache.get_or_build(StubSpec("envkey", src(1))).key
+    assert k1 != k2
+    assert cache.preimage(spec)["fingerprint"]["env"]["TORCH_CUDA_ARCH_LIST"] == "9.0"
+
+
+def test_fingerprint_memo_notices_a_compiler_added_earlier_on_path(cache_root, tmp_path, monkeypatch):
+    import json
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    real = shutil.which("c++")
+    (b / "c++").write_text(f'#!/bin/sh\nexec "{real}" "$@"\n')
+    (b / "c++").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{a}:{b}:{os.environ['PATH']}")
+    monkeypatch.delenv("CXX", raising=False)
+    code = """
+    import json, stubcache
+    print(json.dumps(stubcache.StubCache().preimage(stubcache.StubSpec("p", "int x;"))["fingerprint"]["cxx"]))
+    """
+    first = json.loads(run_py(code).stdout)
+    again = json.loads(run_py(code).stdout)  # served by the whole-fingerprint memo
+    assert first == again and first["path"] == str(b / "c++")
+    (a / "c++").write_text(f'#!/bin/sh\n[ "$1" = --version ] && echo "shadow 1.0" && exit 0\nexec "{real}" "$@"\n')
+    (a / "c++").chmod(0o755)
+    shadow = json.loads(run_py(code).stdout)
+    assert shadow["path"] == str(a / "c++") and shadow["version"] == "shadow 1.0"

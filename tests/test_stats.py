@@ -1,13 +1,17 @@
-"""``stubcache stats``: counters folded from per-process event files, including a killed process."""
+"""``stubcache stats``: counters folded from per-process event files, including a killed process,
+and the compaction of finished processes' files into one archive (by ``prune``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 
 from stubcache.store import Store
 
-from .conftest import spawn_py
+from .conftest import run_py, spawn_py
 from .test_cli_support import cli_json, run_cli
 
 WORKER = """
@@ -75,3 +79,76 @@ def test_remote_byte_counts_from_event_files_are_range_checked():
         totals.add({"ev": "upload", "key": "k", "s": 0.1, "bytes": n})
     assert totals.remote.hits == 6 and totals.remote.uploads == 6
     assert totals.remote.bytes_downloaded == 100 and totals.remote.bytes_uploaded == 100
+
+
+def _stats(cache_root):
+    out = subprocess.run([sys.executable, "-m", "stubcache", "--cache-dir", str(cache_root), "stats",
+                          "--format", "json"], capture_output=True, text=True, check=True).stdout
+    data = json.loads(out)
+    return {k: data[k] for k in ("hits", "misses", "builds", "processes")}
+
+
+def test_prune_merges_event_files_of_finished_processes(cache_root):
+    code = """
+    import os, stubcache
+    stubcache.StubCache().load(stubcache.StubSpec("ev" + os.environ["N"], 'extern "C" int f(void){return 1;}'))
+    stubcache.StubCache().load(stubcache.StubSpec("ev0", 'extern "C" int f(void){return 1;}'))
+    """
+    for n in range(3):
+        run_py(code, env={"N": str(n)})
+    cli = [sys.executable, "-m", "stubcache", "--cache-dir", str(cache_root)]
+    before = _stats(cache_root)
+    assert before["processes"] == 3 and before["builds"] == 3
+    events = cache_root / "v1" / "events"
+    assert len(list(events.glob("*.jsonl"))) == 3
+    pr = subprocess.run(cli + ["prune", "--yes"], capture_output=True, text=True)
+    assert pr.returncode == 0, pr.stderr
+    assert "merged the event files of 3" in pr.stdout
+    assert [p.name.startswith("archive-") for p in events.glob("*.jsonl")] == [True]
+    assert _stats(cache_root) == before
+    run_py(code, env={"N": "9"})
+    subprocess.run(cli + ["prune", "--yes"], capture_output=True, text=True, check=True)
+    after = _stats(cache_root)
+    assert len(list(events.glob("*.jsonl"))) == 1
+    assert after["processes"] == 4 and after["builds"] == 4 and after["hits"] == before["hits"] + 1
+
+
+def test_compaction_killed_before_deleting_its_sources_counts_nothing_twice(cache_root):
+    from stubcache.stats import compact_events
+
+    for n in range(3):
+        run_py('import stubcache; stubcache.StubCache().load(stubcache.StubSpec("k%d", '
+               '\'extern "C" int f(void){return 1;}\'))' % n)
+    before = _stats(cache_root)
+    events = cache_root / "v1" / "events"
+    sources = {p.name: p.read_bytes() for p in events.glob("*.jsonl")}
+    assert compact_events(str(events), str(cache_root / "v1" / "locks" / "events-compact.lock")) == 3
+    for name, data in sources.items():  # as if killed after the archive's rename, before unlinking
+        (events / name).write_bytes(data)
+    assert _stats(cache_root) == before
+    assert compact_events(str(events), str(cache_root / "v1" / "locks" / "events-compact.lock")) == 0
+    assert [p.name.startswith("archive-") for p in events.glob("*.jsonl")] == [True]
+    assert _stats(cache_root) == before
+    header = json.loads((next(events.glob("archive-*.jsonl"))).read_text().splitlines()[0])
+    assert header["processes"] == 3 and sorted(header["merged"]) == sorted(sources)
+
+
+def test_compaction_leaves_a_live_process_file_alone(cache_root):
+    run_py('import stubcache; stubcache.StubCache().load(stubcache.StubSpec("a", \'extern "C" int f(void){return 1;}\'))')
+    live = spawn_py("""
+    import time, stubcache
+    stubcache.StubCache().load(stubcache.StubSpec("b", 'extern "C" int f(void){return 2;}'))
+    print("ready", flush=True)
+    time.sleep(120)
+    """)
+    try:
+        assert live.stdout.readline().strip() == "ready"
+        events = cache_root / "v1" / "events"
+        mine = [p.name for p in events.glob("*.jsonl") if f"-{live.pid}-" in p.name]
+        assert len(mine) == 1
+        subprocess.run([sys.executable, "-m", "stubcache", "--cache-dir", str(cache_root), "prune", "--yes"],
+                       check=True, capture_output=True)
+        assert (events / mine[0]).exists()  # still appended to: never merged away
+    finally:
+        live.kill()
+        live.wait()

@@ -1,6 +1,8 @@
-"""Stale hits found in review of issue 9, one test per hole, each with the full protocol of
-tests/test_key_soundness.py (build -> change -> a fresh process loads the new behaviour ->
-revert -> the old entry hits again without a compile)."""
+"""Key soundness (DESIGN invariant 10) for inputs the compiler and linker find for themselves:
+headers found by ``__has_include`` or by shadowing, archives and shared libraries on the library
+path, files named by flags, and the identity of the tools (linker, compiler proper, wrapper
+scripts). Each test runs the full protocol of tests/test_key_soundness.py (build -> change -> a
+fresh process loads the new behaviour -> revert -> the old entry hits again without a compile)."""
 
 from __future__ import annotations
 
