@@ -26,7 +26,7 @@ def _via_bench_cli(ctx: Ctx, sizes: list[int], reps: int) -> dict:
 
 
 def _fallback(ctx: Ctx, sizes: list[int], reps: int) -> dict:
-    from stubcache.synthetic import fake_store
+    from _synthetic import fake_store
 
     res: dict = {"sizes": {}}
     for n in sizes:

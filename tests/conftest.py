@@ -15,6 +15,10 @@ import pytest
 from stubcache import fingerprint
 
 REPO = Path(__file__).resolve().parent.parent
+# Test-only helpers shared with the benchmarks live there (``_synthetic``: synthetic store entries).
+BENCH = REPO / "benchmarks"
+if str(BENCH) not in sys.path:
+    sys.path.append(str(BENCH))
 
 
 @pytest.fixture(autouse=True)

@@ -13,8 +13,9 @@ import pytest
 from stubcache.cli import parse_filter
 from stubcache.scan import EntryRecord
 from stubcache.store import Store
-from stubcache.synthetic import fake_entry
 from stubcache.units import parse_duration, parse_size
+
+from _synthetic import fake_entry  # benchmarks/_synthetic.py, on sys.path by conftest
 
 from .conftest import run_py, spawn_py
 from .test_cli_support import build_real, cli_json, run_cli

@@ -12,7 +12,8 @@ from pathlib import Path
 from stubcache.prune import PrunePolicy, current_fingerprint, plan_prune
 from stubcache.scan import scan_cache
 from stubcache.store import Store
-from stubcache.synthetic import fake_entry
+
+from _synthetic import fake_entry  # benchmarks/_synthetic.py, on sys.path by conftest
 
 from .conftest import run_py, spawn_py
 from .test_cli_support import build_real, cli_json, run_cli, tree_snapshot

@@ -141,7 +141,7 @@ def test_entries_of_a_gone_toolchain_age_out_first(cache_root, cxx, monkeypatch,
     import time
 
     from stubcache import sizecap
-    from stubcache.synthetic import fake_entry
+    from _synthetic import fake_entry
 
     real = build_real([1], run_py)[0]
     store = StubCache().store
@@ -198,7 +198,7 @@ def test_gone_toolchain_ages_out_below_the_cap_once_a_day(cache_root, cxx, monke
     import time
 
     from stubcache import sizecap
-    from stubcache.synthetic import fake_entry
+    from _synthetic import fake_entry
 
     build_real([1], run_py)
     store = StubCache().store

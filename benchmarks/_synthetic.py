@@ -1,4 +1,5 @@
-"""Synthetic cache entries for benchmarks and tests of the CLI (never used by the cache itself).
+"""Synthetic cache entries for the benchmarks and the CLI tests (tests import it from here, as
+the cache itself never uses it).
 
 Entries are published through :meth:`Store.publish` with a valid :class:`Manifest`, so they look
 exactly like built ones to ``ls``/``prune``/``verify``; the "library" is filler bytes.
@@ -12,8 +13,8 @@ import os
 import time
 from typing import Any
 
-from .manifest import Manifest
-from .store import Store
+from stubcache.manifest import Manifest
+from stubcache.store import Store
 
 FAKE_FINGERPRINT: dict[str, Any] = {
     "format": 1,
