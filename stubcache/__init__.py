@@ -23,7 +23,8 @@ if "-m" in _sys.orig_argv and _sys.orig_argv[_sys.orig_argv.index("-m") + 1:][:1
     if _sys.path and not _sys.flags.safe_path and _sys.path[0] in ("", _os.getcwd()):
         del _sys.path[0]
 
-from .cache import Entry, StubCache, __version__
+from ._version import __version__
+from .cache import Entry, StubCache
 from .compat import default_cache, load, load_inline
 from .errors import (BuildError, CacheMissError, IntegrityError, LockTimeoutError, StubCacheError,
                      TrustError)

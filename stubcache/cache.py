@@ -9,6 +9,7 @@ import threading
 import time
 
 from . import _faults, _log, events, fingerprint, fsroot, progress
+from ._version import __version__
 from .errors import (BuildError, CacheMissError, IntegrityError, LockTimeoutError, StubCacheError,
                      TrustError)
 from .key import base_key, entry_key, preimage
@@ -19,7 +20,6 @@ from .inputs import CLOCK_SLACK_NS, absent_paths, still_valid
 from .store import Store, default_root, file_sha256, inputs_memo_name
 from .trust import TrustPolicy, UntrustedRoot, check_dir, loader_policy, private_policy
 
-__version__ = "0.1.0"
 
 # errno values that mean "this root cannot take a build right now": degrade to a private build.
 _UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT, errno.EFBIG,
