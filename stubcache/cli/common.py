@@ -1,0 +1,47 @@
+"""What every command needs: the selected root, its Store, and a confirmation prompt."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .exits import NotConfirmed
+
+
+def root(args: argparse.Namespace) -> str:
+    """``--cache-dir`` (absolute), else the default root."""
+    if getattr(args, "cache_dir", None):
+        return os.path.abspath(os.path.expanduser(args.cache_dir))
+    from ..store import default_root
+
+    return default_root()
+
+
+def store(args: argparse.Namespace):
+    """The Store of the selected root, told whether the root is shared (so files it creates get
+    group modes); a root whose config fails the trust checks is treated as private."""
+    from ..errors import TrustError
+    from ..store import Store
+    from ..trust import load_policy
+
+    st = Store(root(args))
+    try:
+        st.shared = load_policy(st.root).shared
+    except TrustError:
+        st.shared = False
+    return st
+
+
+def confirm(prompt: str, args: argparse.Namespace) -> None:
+    """Return if ``--yes`` was given or the user says yes on a terminal; raise
+    :class:`NotConfirmed` (exit 3) if there is no terminal or the answer is not yes."""
+    if getattr(args, "yes", False):
+        return
+    if not sys.stdin.isatty():
+        raise NotConfirmed("stdin is not a terminal; pass --yes to proceed without confirmation")
+    sys.stderr.write(f"{prompt} [y/N] ")
+    sys.stderr.flush()
+    answer = sys.stdin.readline().strip().lower()
+    if answer not in ("y", "yes"):
+        raise NotConfirmed("aborted; nothing removed")

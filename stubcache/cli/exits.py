@@ -1,0 +1,68 @@
+"""Exit codes, the exceptions commands raise to end with one, and :func:`run_command`: the one
+place that turns an exception into a message and an exit code (``stubcache --help`` and
+docs/cli.md list the codes)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+EXIT_OK = 0
+EXIT_PROBLEMS = 1
+EXIT_USAGE = 2
+EXIT_ABORTED = 3
+EXIT_INTERRUPTED = 130
+EXIT_NOT_RUN = 127  # `run`: the command could not be started (as a shell says)
+
+
+class UsageError(Exception):
+    """Bad input from the user: printed without a traceback, exit 2."""
+
+
+class NotConfirmed(Exception):
+    """The user did not confirm (answered no, or no terminal and no ``--yes``): exit 3."""
+
+
+class Failed(Exception):
+    """The command ran and cannot go on (a setting it cannot write, a remote store that is down):
+    its message is printed, exit 1."""
+
+
+class NotRun(Exception):
+    """``run`` could not start its command: exit 127, as a shell says."""
+
+
+def error(text: str) -> None:
+    """``stubcache: TEXT`` on stderr."""
+    sys.stderr.write(f"stubcache: {text}\n")
+
+
+def run_command(command: Callable[[], int]) -> int:
+    """Run one command; its return value is the exit code, and each exception it raises maps to
+    one code here, with a one-line message instead of a traceback."""
+    from ..errors import StubCacheError
+
+    try:
+        return command()
+    except UsageError as exc:
+        error(str(exc))
+        return EXIT_USAGE
+    except NotConfirmed as exc:
+        error(str(exc))
+        return EXIT_ABORTED
+    except Failed as exc:
+        error(str(exc))
+        return EXIT_PROBLEMS
+    except NotRun as exc:
+        error(str(exc))
+        return EXIT_NOT_RUN
+    except KeyboardInterrupt:
+        error("interrupted")
+        return EXIT_INTERRUPTED
+    except (StubCacheError, OSError) as exc:
+        # A hostile or broken root gets a one-line message, never a traceback. (This includes
+        # BrokenPipeError: `stubcache ls | head -1` on a long listing says so and exits 1.)
+        from ..fsroot import printable
+
+        error(printable(exc, 2000))
+        return EXIT_PROBLEMS

@@ -1,0 +1,257 @@
+"""Commands that read a root and change nothing: ``ls``, ``stats``, ``explain``, ``dir``.
+``ls`` and ``stats`` never import torch (tests/test_cli.py checks it)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import time
+from typing import Any
+
+from .common import root as _root
+from .common import store as _store
+from .exits import EXIT_OK, UsageError
+from .output import View, iso, short_compiler, show, table
+
+# --- ls --------------------------------------------------------------------------------------
+
+
+def _ls_rows(entries, now: float, verbose: bool) -> tuple[list[str], list[list[Any]]]:
+    from ..units import human_age, human_size
+
+    headers = ["KEY", "NAME", "SIZE", "TORCH", "COMPILER", "CREATED", "LAST USED", "IN USE"]
+    if verbose:
+        headers += ["METHOD", "BUILD"]
+    rows = []
+    for e in entries:
+        row = [e.key if verbose else e.key[:12], e.name, human_size(e.size), e.torch or "-",
+               short_compiler(e.compiler), human_age(now - e.created) + " ago",
+               human_age(now - e.last_used) + " ago",
+               "yes" if e.in_use else ("no" if e.in_use is not None else "?")]
+        if e.error:
+            row[3:5] = ["-", f"BROKEN: {e.error}"]
+        if verbose:
+            row += [e.build_method or "-", f"{e.build_seconds:.2f}s"]
+        rows.append(row)
+    return headers, rows
+
+
+LS_CSV_FIELDS = ["key", "name", "size", "torch", "compiler", "python", "build_method", "build_seconds",
+                 "created", "last_used", "in_use", "path", "error"]
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    if args.remote:
+        from .remote import cmd_ls_remote
+
+        return cmd_ls_remote(args)
+    from ..entryfilter import FilterError, parse_filter, select
+    from ..scan import scan_entries
+
+    store = _store(args)
+    try:
+        filters = [parse_filter(f) for f in args.filter or []]
+    except FilterError as exc:
+        raise UsageError(str(exc)) from None
+    now = time.time()
+    entries = select(scan_entries(store, probe_in_use=not args.no_probe), now, filters,
+                     name=args.name, sort=args.sort, reverse=args.reverse)
+
+    def text() -> list[str]:
+        headers, rows = _ls_rows(entries, now, args.verbose > 0)
+        lines = [table(headers, rows, right=(2,))] if rows else []
+        if not args.quiet:
+            from ..units import human_size
+
+            total = sum(e.size for e in entries)
+            in_use = sum(1 for e in entries if e.in_use)
+            lines.append(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}, {human_size(total)}"
+                         + (f", {in_use} in use" if not args.no_probe else "") + f" ({store.root})")
+        return lines
+
+    show(args, View(
+        json=lambda: [dict(e.to_json(), created_iso=iso(e.created), last_used_iso=iso(e.last_used))
+                      for e in entries],
+        csv=(LS_CSV_FIELDS, (e.to_json() for e in entries)),
+        text=text))
+    return EXIT_OK
+
+
+# --- stats -----------------------------------------------------------------------------------
+
+
+def _stats_rows(s) -> list[tuple[str, str]]:
+    from ..units import human_seconds, human_size
+
+    rate = f"{s.hit_rate * 100:.1f}%" if s.hit_rate is not None else "-"
+    return [
+        ("entries", str(s.entries)),
+        ("total size", f"{human_size(s.total_size)} ({s.total_size} bytes)"),
+        ("hits", str(s.hits)),
+        ("misses", str(s.misses)),
+        ("hit rate", rate),
+        ("builds", str(s.builds)),
+        ("build time", human_seconds(s.build_seconds)),
+        ("saved by hits", human_seconds(s.saved_seconds)),
+        ("waits for another build", str(s.waits)),
+        ("time waiting", human_seconds(s.wait_seconds)),
+        ("failed builds", str(s.failed_builds)),
+        ("quarantined (events)", str(s.quarantined)),
+        ("quarantine items", str(s.quarantine_items)),
+        ("lock timeouts", str(s.lock_timeouts)),
+        ("private builds", str(s.private_builds)),
+        ("processes seen", str(s.processes)),
+        ("torn event lines", str(s.bad_lines)),
+        ("first event", iso(s.first_event) or "-"),
+        ("last event", iso(s.last_event) or "-"),
+    ] + ([] if not (os.environ.get("STUBCACHE_REMOTE") or any(vars(s.remote).values())) else [
+        ("remote hits", str(s.remote.hits)),
+        ("remote misses", str(s.remote.misses)),
+        ("remote uploads", str(s.remote.uploads)),
+        ("remote bytes down / up", f"{human_size(s.remote.bytes_downloaded)} / {human_size(s.remote.bytes_uploaded)}"),
+        ("remote rejected blobs", str(s.remote.rejected_blobs)),
+        ("fleet lease waits", f"{s.remote.lease_waits} ({human_seconds(s.remote.lease_wait_seconds)}, "
+                              f"{s.remote.lease_takeovers} taken over)"),
+        ("remote errors", str(s.remote.errors)),
+    ])
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from ..scan import scan_entries
+    from ..stats import compute_stats, fold_events
+
+    store = _store(args)
+    entries = scan_entries(store, probe_in_use=False)
+    totals = fold_events(store.path("events"))
+    try:
+        with store.at("quarantine") as qfd:
+            qitems = len(os.listdir(qfd))
+    except OSError:
+        qitems = 0
+    s = compute_stats(store.root, entries, totals, qitems)
+
+    def prometheus() -> str:
+        from ..prometheus import render
+        from ..sizecap import configured_max_size
+
+        return render(s, configured_max_size(store.root))
+
+    show(args, View(json=s.to_json, raw={"prometheus": prometheus},
+                    text=lambda: [table(["STAT", "VALUE"], _stats_rows(s))]))
+    return EXIT_OK
+
+
+# --- explain ---------------------------------------------------------------------------------
+
+
+def _resolve(ref: str, store) -> list[dict[str, Any]]:
+    """A reference -> [{label, key, in_cache, preimage}] (a spec file may hold several specs)."""
+    from ..manifestscan import EntryLookupError, entry_by_prefix, key_status
+    from ..specref import SpecRefError, is_module_ref, load_specs
+
+    if os.path.exists(ref) or is_module_ref(ref):
+        try:
+            specs = load_specs(ref)
+        except SpecRefError as exc:
+            raise UsageError(str(exc)) from None
+        from ..cache import StubCache
+
+        cache = StubCache(store.root)
+        items = []
+        for spec in specs:
+            key = cache.key(spec)
+            in_cache, stale = key_status(store, key)
+            item = {"label": f"{ref} ({spec.name})", "key": key, "in_cache": in_cache,
+                    "preimage": cache.preimage(spec)}
+            if stale and not in_cache:
+                item["stale"] = stale
+            items.append(item)
+        return items
+    if not re.fullmatch(r"[0-9a-f]{4,}", ref):
+        raise UsageError(f"{ref!r} is neither a spec file, a MODULE:ATTR reference nor a key (hex, 4+ chars)")
+    try:
+        key, manifest = entry_by_prefix(store, ref)
+    except EntryLookupError as exc:
+        raise UsageError(str(exc)) from None
+    return [{"label": f"entry {key[:12]} ({manifest.name})", "key": key, "in_cache": True,
+             "preimage": manifest.preimage, "headers": manifest.headers}]
+
+
+def _explain_two(args: argparse.Namespace, a: dict[str, Any], b: dict[str, Any]) -> int:
+    from ..explain import differences, summarize
+
+    full = args.verbose > 0
+    diff = differences(a["preimage"], b["preimage"])
+
+    def text() -> list[str]:
+        lines = [f"A: {a['label']}  key {a['key']}", f"B: {b['label']}  key {b['key']}"]
+        if not diff:
+            lines.append("the pre-images are identical" + ("" if a["key"] == b["key"] else
+                         " (the keys differ by the contents of tracked headers)"))
+        else:
+            lines.append(f"{len(diff)} field(s) differ:")
+            lines.append(table(["FIELD", "A", "B"],
+                               [[f, summarize(x, full), summarize(y, full)] for f, x, y in diff]))
+        return lines
+
+    show(args, View(json={"a": a, "b": b, "differences": [{"field": f, "a": x, "b": y} for f, x, y in diff]},
+                    text=text))
+    return EXIT_OK
+
+
+def _explain_text(res: dict[str, Any], full: bool) -> list[str]:
+    from ..explain import flatten, summarize
+
+    lines = [f"{res['label']}",
+             f"key: {res['key']}  ({'in the cache' if res['in_cache'] else 'not in the cache'})",
+             table(["FIELD", "VALUE"], [[f, summarize(v, full)] for f, v in flatten(res["preimage"])])]
+    for k, reasons in (res.get("stale") or {}).items():
+        lines.append(f"entry {k} has this pre-image, but the files it read changed since it was built:")
+        lines += [f"  {r}" for r in (reasons[:20] if not full else reasons)]
+    if "closest" in res:
+        c = res["closest"]
+        lines.append(f"closest cached entry of the same name: {c['key']} — {len(c['differences'])} field(s) differ:")
+        lines.append(table(["FIELD", "CACHED", "WANTED"], [[d["field"], summarize(d["cached"], full),
+                                                             summarize(d["wanted"], full)] for d in c["differences"]]))
+    elif not res["in_cache"] and not res.get("stale"):
+        lines.append("no cached entry has this name")
+    lines.append("")
+    return lines
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from ..explain import closest
+    from ..manifestscan import preimages_named
+
+    store = _store(args)
+    if len(args.refs) > 2:
+        raise UsageError("explain takes one reference (show its pre-image) or two (show what differs)")
+    sides = [_resolve(r, store) for r in args.refs]
+    if len(sides) == 2:
+        if len(sides[0]) != 1 or len(sides[1]) != 1:
+            raise UsageError("to compare, each reference must name exactly one spec")
+        return _explain_two(args, sides[0][0], sides[1][0])
+    results = []
+    for item in sides[0]:
+        res = dict(item)
+        if not item["in_cache"] and not item.get("stale"):
+            name = (item["preimage"].get("spec") or {}).get("name")
+            best = closest(item["preimage"], preimages_named(store, name))
+            if best is not None:
+                res["closest"] = {"key": best[0], "differences": [
+                    {"field": f, "cached": x, "wanted": y} for f, x, y in best[1]]}
+        results.append(res)
+    full = args.verbose > 0
+    show(args, View(json=results if len(results) > 1 else results[0],
+                    text=lambda: [line for res in results for line in _explain_text(res, full)]))
+    return EXIT_OK
+
+
+# --- dir -------------------------------------------------------------------------------------
+
+
+def cmd_dir(args: argparse.Namespace) -> int:
+    root = _root(args)
+    show(args, View(json={"root": root}, text=lambda: [root]))
+    return EXIT_OK

@@ -1,0 +1,38 @@
+"""``main``: parse the command line, set up logging, run the chosen command through
+:func:`.exits.run_command`."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+
+from .exits import EXIT_USAGE, run_command
+from .parser import build_parser
+
+# options whose value may be a negative number: `--max-size -5G` would read as a missing value,
+# so it is joined as `--max-size=-5G` and the option's own check answers
+_SIGNED_VALUE_OPTIONS = ("--max-size", "--older-than", "--quarantine-age")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``stubcache`` console script; returns the exit code."""
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    for i, a in enumerate(argv[:-1]):
+        if a in _SIGNED_VALUE_OPTIONS and argv[i + 1][:1] == "-" and argv[i + 1][1:2].isdigit():
+            argv[i:i + 2] = [f"{a}={argv[i + 1]}"]
+            break
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    level = logging.ERROR if args.quiet else logging.DEBUG if args.verbose > 1 else logging.WARNING
+    logger = logging.getLogger("stubcache")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(level)
+    module, func = args.handler.split(":")
+    return run_command(lambda: getattr(importlib.import_module(f"{__package__}.{module}"), func)(args))
