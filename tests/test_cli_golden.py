@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from stubcache.store import Store
-from stubcache.synthetic import fake_entry
+from _synthetic import fake_entry  # benchmarks/_synthetic.py, on sys.path by conftest
 
 from .conftest import run_py
 

@@ -5,7 +5,7 @@ Commands: ``ls``, ``stats``, ``prune``, ``verify``, ``explain``, ``clear``, ``wa
 ``prune --dry-run`` never import torch.
 
 Layout (docs/cli.md, "Adding a command"): :mod:`.parser` declares every command and its options;
-:mod:`.main` parses and dispatches; :mod:`.exits` holds the exit codes and the one place that maps
+:mod:`.dispatch` has `main()`: it parses and dispatches; :mod:`.exits` holds the exit codes and the one place that maps
 exceptions to them; :mod:`.output` is the one renderer (``--format``); the commands live by group
 in :mod:`.inspect` (ls, stats, explain, dir), :mod:`.maintain` (prune, clear, verify, doctor,
 init, config), :mod:`.build` (warm, run) and :mod:`.remote` (``ls``/``prune --remote``). Only
@@ -26,7 +26,7 @@ from __future__ import annotations
 from ..entryfilter import parse_filter  # the --filter language, beside the scan it filters
 from .exits import (EXIT_ABORTED, EXIT_INTERRUPTED, EXIT_NOT_RUN, EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE,
                     UsageError)
-from .main import main
+from .dispatch import main
 from .parser import build_parser
 
 __all__ = ["main", "build_parser", "parse_filter", "UsageError", "EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE",

@@ -1,6 +1,6 @@
 """The ``stubcache`` argument parser: every command, its options and the ``--help`` text.
 
-Each command names its handler as ``"module:function"`` in this package; :mod:`.main` imports
+Each command names its handler as ``"module:function"`` in this package; :mod:`.dispatch` imports
 only the module of the command that runs, so building the parser imports no command code.
 """
 
