@@ -3,11 +3,43 @@ path logs nothing, so it is imported only when something is logged."""
 
 from __future__ import annotations
 
+import _thread
+import sys
+
+_stderr_level: str | None = None  # set by the command line; applied by the next logger()
+_stderr_lock = _thread.allocate_lock()
+
 
 def logger():
     import logging
 
-    return logging.getLogger("stubcache")
+    log = logging.getLogger("stubcache")
+    if _stderr_level is not None:
+        _apply_stderr(log)
+    return log
+
+
+def log_to_stderr(level: str) -> None:
+    """Print this logger's messages of ``level`` (``"WARNING"``...) and above as bare lines on
+    stderr: the command line's setting. It takes effect when something is first logged, so a
+    command that logs nothing does not import ``logging``."""
+    global _stderr_level
+    _stderr_level = level
+
+
+def _apply_stderr(log) -> None:
+    import logging
+
+    global _stderr_level
+    with _stderr_lock:
+        if _stderr_level is None:
+            return
+        if not log.handlers:
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("%(message)s"))
+            log.addHandler(handler)
+        log.setLevel(_stderr_level)
+        _stderr_level = None
 
 
 def warning(msg: str, *args: object) -> None:

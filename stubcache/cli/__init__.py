@@ -4,12 +4,12 @@ Commands: ``ls``, ``stats``, ``prune``, ``verify``, ``explain``, ``clear``, ``wa
 ``init``, ``dir``, ``config``, ``run``. See ``docs/cli.md``. ``ls``, ``stats`` and
 ``prune --dry-run`` never import torch.
 
-Layout (docs/cli.md, "Adding a command"): :mod:`.parser` declares every command and its options;
-:mod:`.dispatch` has `main()`: it parses and dispatches; :mod:`.exits` holds the exit codes and the one place that maps
-exceptions to them; :mod:`.output` is the one renderer (``--format``); the commands live by group
-in :mod:`.inspect` (ls, stats, explain, dir), :mod:`.maintain` (prune, clear, verify, doctor,
-init, config), :mod:`.build` (warm, run) and :mod:`.remote` (``ls``/``prune --remote``). Only
-the module of the command that runs is imported.
+Layout (docs/cli.md, "adding a command"): :mod:`.parser` declares every command and its
+options; :mod:`.dispatch` has ``main()``, which parses and dispatches; :mod:`.exits` holds the
+exit codes and the one place that maps exceptions to them; :mod:`.output` is the one renderer
+(``--format``); the commands live by group in :mod:`.inspect` (ls, stats, explain, dir),
+:mod:`.maintain` (prune, clear, verify, doctor, init, config), :mod:`.build` (warm, run) and
+:mod:`.remote` (``ls``/``prune --remote``). Only the module of the command that runs is imported.
 
 Exit codes:
     0  success

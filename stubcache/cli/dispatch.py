@@ -1,11 +1,11 @@
-"""``main``: parse the command line, set up logging, run the chosen command through
-:func:`.exits.run_command`."""
+"""``main``: parse the command line, send the ``stubcache`` logger to stderr, and run the chosen
+command through :func:`.exits.run_command`."""
 
 from __future__ import annotations
 
-import logging
 import sys
 
+from .. import _log
 from .exits import EXIT_USAGE, run_command
 from .parser import build_parser
 
@@ -26,13 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    level = logging.ERROR if args.quiet else logging.DEBUG if args.verbose > 1 else logging.WARNING
-    logger = logging.getLogger("stubcache")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        logger.addHandler(handler)
-    logger.setLevel(level)
+    _log.log_to_stderr("ERROR" if args.quiet else "DEBUG" if args.verbose > 1 else "WARNING")
     module, func = args.handler.split(":")
     # __import__ rather than importlib.import_module: the same import, but one that
     # `python -X importtime` reports, so the cost of each command group stays visible
