@@ -15,21 +15,35 @@ EXIT_INTERRUPTED = 130
 EXIT_NOT_RUN = 127  # `run`: the command could not be started (as a shell says)
 
 
-class UsageError(Exception):
+class CommandError(Exception):
+    """An error that ends a command with ``exit_code`` and its message (no traceback)."""
+
+    exit_code = EXIT_PROBLEMS
+
+
+class UsageError(CommandError):
     """Bad input from the user: printed without a traceback, exit 2."""
 
+    exit_code = EXIT_USAGE
 
-class NotConfirmed(Exception):
+
+class NotConfirmed(CommandError):
     """The user did not confirm (answered no, or no terminal and no ``--yes``): exit 3."""
 
+    exit_code = EXIT_ABORTED
 
-class Failed(Exception):
+
+class Failed(CommandError):
     """The command ran and cannot go on (a setting it cannot write, a remote store that is down):
     its message is printed, exit 1."""
 
+    exit_code = EXIT_PROBLEMS
 
-class NotRun(Exception):
+
+class NotRun(CommandError):
     """``run`` could not start its command: exit 127, as a shell says."""
+
+    exit_code = EXIT_NOT_RUN
 
 
 def error(text: str) -> None:
@@ -44,18 +58,9 @@ def run_command(command: Callable[[], int]) -> int:
 
     try:
         return command()
-    except UsageError as exc:
+    except CommandError as exc:
         error(str(exc))
-        return EXIT_USAGE
-    except NotConfirmed as exc:
-        error(str(exc))
-        return EXIT_ABORTED
-    except Failed as exc:
-        error(str(exc))
-        return EXIT_PROBLEMS
-    except NotRun as exc:
-        error(str(exc))
-        return EXIT_NOT_RUN
+        return exc.exit_code
     except KeyboardInterrupt:
         error("interrupted")
         return EXIT_INTERRUPTED

@@ -27,8 +27,11 @@ def _fmt(p: argparse.ArgumentParser, choices=("table", "json")) -> None:
 
 def _remote_opts(p: argparse.ArgumentParser, help_: str) -> None:
     p.add_argument("--remote", action="store_true", help=help_)
-    p.add_argument("--remote-url", metavar="URL",
-                   help="remote store (default: $STUBCACHE_REMOTE), e.g. redis://host:6379/0")
+    _remote_store_opts(p, "remote store (default: $STUBCACHE_REMOTE), e.g. redis://host:6379/0")
+
+
+def _remote_store_opts(p: argparse.ArgumentParser, url_help: str) -> None:
+    p.add_argument("--remote-url", metavar="URL", help=url_help)
     p.add_argument("--remote-timeout", metavar="SECONDS",
                    help="seconds per network call (default: $STUBCACHE_REMOTE_TIMEOUT or 2)")
 
@@ -140,9 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("doctor", "maintain:cmd_doctor", "check the root's permissions, filesystem, free space and toolchain")
     p.add_argument("--fix", action="store_true",
                    help="first repair permissions of paths you own (drop group/other write; shared modes)")
-    p.add_argument("--remote-url", metavar="URL", help="check this remote store (default: $STUBCACHE_REMOTE)")
-    p.add_argument("--remote-timeout", metavar="SECONDS",
-                   help="seconds per network call (default: $STUBCACHE_REMOTE_TIMEOUT or 2)")
+    _remote_store_opts(p, "check this remote store (default: $STUBCACHE_REMOTE)")
     _fmt(p)
 
     p = add("init", "maintain:cmd_init", "create or convert a cache root: private (0700), or shared with a group")
