@@ -18,14 +18,16 @@ from .exits import error as err
 if TYPE_CHECKING:
     import argparse
 
-__all__ = ["View", "show", "note", "problem", "out", "err", "table", "iso", "short_compiler"]
+__all__ = ["View", "show", "is_text", "note", "problem", "out", "err", "table", "iso", "short_compiler"]
 
 
 class View:
     """What one command prints, per format.
 
-    ``json``: the document for ``--format json``, or a function returning it. ``text``: a function returning the lines of the
-    table format (called only when that format is chosen; a line may hold a whole table).
+    ``json``: the document for ``--format json``, or a function returning it. ``text``: a
+    function returning (or yielding) the lines of the table format, called only when that format
+    is chosen; a line may hold a whole table, and a yielded line is printed before the next is
+    made, so a message it writes to stderr comes after the lines above it.
     ``csv``: ``(field names, row dicts)``; row values that are strings are escaped unless
     ``csv_escape`` is false. ``raw``: other formats (``prometheus``) -> a function returning the
     text to write as is.
