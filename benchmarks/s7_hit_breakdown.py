@@ -66,7 +66,7 @@ fd = os.open(entry.path, os.O_RDONLY)
 loop(f"sha256 of the library ({os.path.getsize(entry.path) // 1024} KiB)", lambda: storemod.file_sha256(fd))
 os.close(fd)
 ev = store.path("events")
-loop("hit event append (events/*.jsonl)", lambda: events.record(ev, "hit", k, name=name))
+loop("hit event append (events/*.jsonl)", lambda: events.record(ev, "hit", k, name=name, file_mode=0o600))
 copies = []
 for i in range(max(reps // 10, 5)):
     p = os.path.join(scratch, f"copy{i}.so"); shutil.copy(entry.path, p); copies.append(p)

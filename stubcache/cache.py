@@ -278,7 +278,7 @@ class StubCache:
     def _event(self, ev: str, key: str, seconds: float | None = None, **extra) -> None:
         extra = {k: v for k, v in extra.items() if v is not None}
         events.record(self.store.path("events"), ev, key, seconds,
-                      file_mode=self.store.mode(0o600, 0o640), **extra)
+                      file_mode=events.file_mode(self.store.shared), **extra)
 
     def _get_or_build(self, spec: StubSpec, base: str) -> Entry:
         t_start = time.time()
@@ -637,19 +637,15 @@ class StubCache:
     def _publish_fetched(self, spec: StubSpec, base: str, fetched) -> Entry:
         """Publish a verified remote blob into this root (staging + atomic rename, as a build
         would) and return the entry looked up from there: nothing loads from a temporary copy."""
+        from . import locking
+
         manifest = fetched.manifest
         staging = self.store.new_staging(base)
         try:
             staged_entry = os.path.join(staging, "entry")
             fsroot.mkdir_mode(staged_entry, self.store.mode(0o700, 0o2770))
-            fd = os.open(os.path.join(staged_entry, manifest.library),
-                         os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            try:
-                view = memoryview(fetched.library)
-                while view:
-                    view = view[os.write(fd, view):]
-            finally:
-                os.close(fd)
+            with fsroot.Dir(staged_entry) as efd:
+                locking.write_file(efd, manifest.library, fetched.library, mode=0o600, exclusive=True)
             self._pin(manifest.key)
             self.store.publish(staged_entry, manifest)  # False: an existing entry won
             self._cap_pending = True

@@ -9,7 +9,6 @@ just being opened, so it is never taken for finished).
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import threading
@@ -19,9 +18,17 @@ _lock = threading.Lock()
 _fds: dict[str, int] = {}
 
 
+def file_mode(shared: bool) -> int:
+    """The mode of an event file, and of an archive of them: ``0640`` in a shared root, so every
+    member's ``stubcache stats`` reads it (only its writer appends), else ``0600``."""
+    return 0o640 if shared else 0o600
+
+
 def record(events_dir: str, event: str, key: str = "", seconds: float | None = None, *,
-           file_mode: int = 0o600, **extra) -> None:
-    """Append one event (``hit``, ``miss``, ``build``, ``wait``, ``fail``, ``quarantine``...)."""
+           file_mode: int, **extra) -> None:
+    """Append one event (``hit``, ``miss``, ``build``, ``wait``, ``fail``, ``quarantine``...).
+    ``file_mode`` is the mode of this process's event file if it is created now: pass
+    :func:`file_mode` of the root's sharing (no default, so no caller can forget it)."""
     rec = {"t": round(time.time(), 3), "ev": event, "key": key}
     if seconds is not None:
         rec["s"] = round(seconds, 6)
@@ -32,22 +39,21 @@ def record(events_dir: str, event: str, key: str = "", seconds: float | None = N
             fd = _fds.get(events_dir)
             pid = os.getpid()
             if fd is None or _fds.get(events_dir + ":pid") != pid:  # reopen after fork
-                from . import fsroot
+                from . import fsroot, locking
 
                 name = f"{fsroot.check_name(os.uname().nodename)}-{pid}-{os.urandom(6).hex()}.jsonl"
                 dfd = fsroot.open_dir(events_dir)  # a planted link in its place is not followed
                 try:
-                    fd = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-                                 | os.O_NOFOLLOW, file_mode, dir_fd=dfd)
+                    fd = locking.open_new(dfd, name, mode=file_mode, append=True)
                 finally:
                     os.close(dfd)
-                if file_mode != 0o600:
-                    os.fchmod(fd, file_mode)
                 try:  # "alive" marker, before any write; dropped at exit. Never waits.
-                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    alive = locking.try_flock(fd, locking.SH)
                 except OSError:
+                    alive = False
+                if not alive:
                     os.close(fd)
-                    raise
+                    return
                 _fds[events_dir] = fd
                 _fds[events_dir + ":pid"] = pid
             os.write(fd, line)

@@ -8,7 +8,6 @@ fresh process starts no subprocess.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -138,12 +137,12 @@ def _cxx11_abi(tdir: str, state_dir: str | None) -> int | None:
 
 def _write_json(path: str, data: dict) -> None:
     """Best-effort atomic write of a memo (readers see the old file or the new one)."""
-    from . import fsroot
+    from . import fsroot, locking
 
     try:
         parent, name = os.path.split(path)
         with fsroot.Dir(parent) as dfd:  # never through a planted link (O_EXCL temp, dir fd)
-            fsroot.replace_at(dfd, name, json.dumps(data).encode(), 0o644)
+            locking.write_file(dfd, name, json.dumps(data).encode(), mode=0o644)
     except (OSError, ValueError):
         pass
 
@@ -186,13 +185,6 @@ class read_only:
 MEMO_LOCK_WAIT = 90.0  # seconds; longer than the probe's own 60 s timeout
 
 
-def _flock_within(fd: int, seconds: float) -> bool:
-    """Exclusive flock, waiting at most ``seconds`` (a stopped holder must not hang start-up)."""
-    from .store import flock_within
-
-    return flock_within(fd, fcntl.LOCK_EX, seconds)
-
-
 def _memo_wait() -> float:
     """The memo lock's bound: ``STUBCACHE_LOCK_TIMEOUT`` when smaller than ``MEMO_LOCK_WAIT``
     (a group member holding the lock costs at most that, then we compute it ourselves)."""
@@ -219,31 +211,24 @@ def _memo(state_dir: str | None, memo_key: str, compute, valid=None) -> dict:
         return value
     if _read_only:
         return compute()
-    try:
-        # A group-writable (shared) state directory gets a group-usable lock file.
-        mode = 0o660 if os.stat(state_dir).st_mode & 0o020 else 0o600
-        lock_fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-        if mode == 0o660:
-            from . import fsroot
+    from . import fsroot, locking
 
-            try:
-                if fsroot.own_single(os.fstat(lock_fd)):  # never another's file, nor a hard link
-                    os.fchmod(lock_fd, mode)
-            except OSError:
-                pass
+    try:
+        with fsroot.Dir(state_dir) as sfd:
+            # A group-writable (shared) state directory gets a group-usable lock file.
+            lock_fd = locking.open_lock_at(sfd, name + ".lock", shared=bool(os.fstat(sfd).st_mode & 0o020))
     except OSError:
         lock_fd = -1  # read-only root or another user's lock file: compute without sharing
     try:
-        if lock_fd >= 0 and _flock_within(lock_fd, _memo_wait()):
+        if lock_fd >= 0 and locking.wait_flock(lock_fd, locking.EX, _memo_wait()):
             value = _read_memo(path, memo_key)
             if value is not None and (valid is None or valid(value)):
                 return value
         elif lock_fd >= 0:
             from . import _log
-            from .store import describe_holders
 
             _log.warning("stubcache: the toolchain memo lock %s.lock is held by %s past %.0fs; probing "
-                         "without it", path, describe_holders(lock_fd), _memo_wait())
+                         "without it", path, locking.describe_holders(lock_fd), _memo_wait())
         value = compute()
         _write_json(path, {"memo_key": memo_key, "value": value})
         return value

@@ -10,7 +10,8 @@ exhaust memory). Tree removal is the standard library's fd-based ``shutil.rmtree
 only ever changed through a descriptor this module opened itself, on a directory we own.
 
 Names read from a directory or a manifest are checked with :func:`check_name` before they are
-used relative to a descriptor, and are printed through :func:`printable`.
+used relative to a descriptor, and are printed through :func:`printable`. Locks and atomic
+writes, built on these, are in :mod:`stubcache.locking`.
 """
 
 from __future__ import annotations
@@ -198,28 +199,6 @@ def read_at(dir_fd: int | None, name: str, cap: int = SMALL_CAP) -> bytes:
         os.close(fd)
 
 
-def write_new(dir_fd: int, name: str, data: bytes, mode: int) -> None:
-    """Create ``name`` (never an existing file or link) holding ``data``, then ``fchmod`` it."""
-    fd = os.open(check_name(name), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 mode, dir_fd=dir_fd)
-    try:
-        os.write(fd, data)
-        os.fchmod(fd, mode)
-    finally:
-        os.close(fd)
-
-
-def replace_at(dir_fd: int, name: str, data: bytes, mode: int) -> None:
-    """Atomically replace ``name`` with a file holding ``data`` (temp file + ``rename``)."""
-    tmp = f".{check_name(name)}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-    write_new(dir_fd, tmp, data, mode)
-    try:
-        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except BaseException:
-        unlink_at(dir_fd, tmp)
-        raise
-
-
 def unlink_at(dir_fd: int, name: str) -> bool:
     """Remove a non-directory ``name`` (a link itself, never its target). False if it was gone."""
     try:
@@ -295,37 +274,6 @@ def rmtree(path: str) -> bool:
         return rmtree_at(pfd, name)
     finally:
         os.close(pfd)
-
-
-def try_flock(fd: int, op: int) -> bool:
-    """``flock(fd, op | LOCK_NB)``: True if taken, False if another open file holds a
-    conflicting lock. The one non-blocking lock attempt every other helper builds on."""
-    import fcntl
-
-    try:
-        fcntl.flock(fd, op | fcntl.LOCK_NB)
-    except OSError as exc:
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            return False
-        raise
-    return True
-
-
-def flock_held_at(dir_fd: int, name: str) -> bool:
-    """True if some process holds a ``flock`` on the regular file ``name`` (probed with a
-    non-blocking exclusive lock, released at once). Missing or not a regular file: False."""
-    import fcntl
-
-    try:
-        fd = open_regular(dir_fd, name)
-    except (OSError, ValueError):
-        return False
-    try:
-        return not try_flock(fd, fcntl.LOCK_EX)
-    except OSError:
-        return False
-    finally:
-        os.close(fd)  # closing drops the probe's lock
 
 
 def tree_size_at(dir_fd: int, name: str, limit: int = 100_000) -> int:

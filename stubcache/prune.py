@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from . import _faults, fsroot
+from .locking import flock_held_at, try_flock
 from .scan import CacheScan, EntryRecord, Leftover, pid_alive
 from .store import Store, is_key
-from .store import try_flock_ex as _try_flock
 from .units import human_age, human_size
 
 DEFAULT_QUARANTINE_AGE = 7 * 86400.0
@@ -250,7 +250,7 @@ def evict_entry(store: Store, key: str, base_key: str | None = None) -> str:
         return "failed: its pin is not a regular file (run `stubcache doctor`)"
     lock_fd = -1
     try:
-        if not _try_flock(fd):
+        if not try_flock(fd):
             return "in use"
         try:
             with store.at("pins") as pfd:
@@ -267,7 +267,7 @@ def evict_entry(store: Store, key: str, base_key: str | None = None) -> str:
             lock_fd = -1  # never built here (or lock not created yet): no builder to protect
         except fsroot.NotRegularFile:
             return "failed: its build lock is not a regular file (run `stubcache doctor`)"
-        if lock_fd >= 0 and not _try_flock(lock_fd):
+        if lock_fd >= 0 and not try_flock(lock_fd):
             return "being published"
         _faults.point("evict_locked")
         trashed = store.trash(key)
@@ -301,7 +301,7 @@ def _remove_lease(store: Store, item: PlanItem) -> str:
     except fsroot.NotRegularFile:
         return "failed: its build lock is not a regular file (run `stubcache doctor`)"
     try:
-        if not _try_flock(fd):
+        if not try_flock(fd):
             return "in use"
         return _remove(store, "leases", name)
     finally:
@@ -335,7 +335,7 @@ def execute_item(store: Store, item: PlanItem) -> str:
         if is_key(base):
             try:
                 with store.at("locks") as lfd:
-                    if fsroot.flock_held_at(lfd, f"{base}.lock"):
+                    if flock_held_at(lfd, f"{base}.lock"):
                         return "in use"
             except FileNotFoundError:
                 pass

@@ -18,6 +18,7 @@ from typing import Any
 
 from . import fsroot
 from .fsroot import printable
+from .locking import flock_held_at, temp_pid
 from .manifest import MANIFEST_NAME
 from .store import Store, is_key
 from .values import count, finite
@@ -110,17 +111,6 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def flock_held(path: str) -> bool:
-    """True if some process holds a ``flock`` (shared or exclusive) on ``path`` (a regular file
-    reached without following a link in its last component; anything else is not held)."""
-    parent, name = os.path.split(path)
-    try:
-        with fsroot.Dir(parent) as dfd:
-            return fsroot.flock_held_at(dfd, name)
-    except (OSError, ValueError):
-        return False
 
 
 def tree_size(path: str) -> int:
@@ -220,7 +210,7 @@ def _read_entry(store: Store, key: str, pins_fd: int | None, probe_in_use: bool,
         except OSError:
             pass
         if probe_in_use:
-            rec.in_use = fsroot.flock_held_at(pins_fd, key)
+            rec.in_use = flock_held_at(pins_fd, key)
     return rec
 
 
@@ -284,7 +274,7 @@ def scan_leftovers(store: Store, now: float | None = None) -> list[Leftover]:
     locks = areas["locks"]
 
     def lock_held(base: str | None) -> bool:
-        return base is not None and locks.fd >= 0 and fsroot.flock_held_at(locks.fd, f"{base}.lock")
+        return base is not None and locks.fd >= 0 and flock_held_at(locks.fd, f"{base}.lock")
 
     try:
         sdir = areas["staging"]
@@ -304,8 +294,7 @@ def scan_leftovers(store: Store, now: float | None = None) -> list[Leftover]:
             path = os.path.join(ldir.path, name)
             age = now - ldir.mtime(name, now)
             if name.endswith(".tmp"):
-                tpid = name.rsplit(".", 2)[-2] if name.count(".") >= 2 else ""
-                pid = int(tpid) if tpid.isdigit() and len(tpid) <= 9 else None
+                pid = temp_pid(name)
                 stale = (pid is None or not pid_alive(pid)) and age > 60
                 out.append(Leftover("lease", path, name, ldir.size(name), age, pid, stale,
                                     "temporary lease file of a dead writer" if stale else "being written"))

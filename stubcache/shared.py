@@ -146,11 +146,11 @@ def init_root(root: str, group: str | None = None) -> list[str]:
 def write_root_config(root: str, cfg: dict) -> str:
     """Atomically replace ``<root>/stubcache-root.json`` (mode 0644, through the root's descriptor,
     never following a link); returns its path."""
-    from . import fsroot
+    from . import fsroot, locking
 
     dfd = fsroot.open_dir(root)
     try:
-        fsroot.replace_at(dfd, CONFIG_NAME, json.dumps(cfg, indent=1).encode("utf-8"), 0o644)
+        locking.write_file(dfd, CONFIG_NAME, json.dumps(cfg, indent=1).encode("utf-8"), mode=0o644)
     finally:
         os.close(dfd)
     return os.path.join(root, CONFIG_NAME)

@@ -13,8 +13,8 @@ import os
 import time
 from typing import Any, Callable
 
-from . import _log
-from .store import Store, try_flock_ex
+from . import _log, locking
+from .store import Store
 
 ENV_MAX_SIZE = "STUBCACHE_MAX_SIZE"
 DEFAULT_TOOLCHAIN_MAX_AGE = 30 * 86400.0
@@ -133,24 +133,6 @@ def start_after_publish(store: Store) -> None:
     threading.Thread(target=run, name="stubcache-sizecap").start()
 
 
-# The cleaner's lock fds open in this process. The prune runs on a helper thread while the
-# program goes on, and engines fork workers (DataLoader, multiprocessing "fork") right after
-# loading: a child inherits the open file, and flock holds until every copy is closed, so a
-# long-lived worker would keep every later prune "busy". The child closes its copies.
-_held: set[int] = set()
-
-
-def _close_inherited() -> None:
-    for fd in list(_held):
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    _held.clear()
-
-
-os.register_at_fork(after_in_child=_close_inherited)
-
 AGEOUT_INTERVAL = 86400.0  # toolchain age-out below the cap: at most once a day per root
 
 
@@ -175,24 +157,22 @@ def after_publish(store: Store, time_box: float = TIME_BOX) -> str:
             due = True
         if not over and not due:
             return "under cap"
-        fd = store.open_lock_file(store.lock_path("sizecap"))
-        _held.add(fd)
-        try:
-            if not try_flock_ex(fd):
+        # Fork-safe: the prune runs on a helper thread while the program goes on, and engines
+        # fork workers (DataLoader, multiprocessing "fork") right after loading; a worker keeping
+        # an inherited copy of the open file would keep every later prune "busy".
+        with locking.Lock(store.open_lock_file(store.lock_path("sizecap")), fork_safe=True) as lock:
+            if not locking.try_flock(lock.fd):
                 return "busy"
             if due:  # stamped first: a failing age-out is not retried on every publish
                 from . import fsroot
 
                 dfd = fsroot.open_dir(store.path("state"))
                 try:
-                    fsroot.replace_at(dfd, os.path.basename(stamp), b"", store.mode(0o600, 0o660))
+                    locking.write_file(dfd, os.path.basename(stamp), b"", mode=store.mode(0o600, 0o660))
                 finally:
                     os.close(dfd)
             age = settings.get("toolchain_max_age", DEFAULT_TOOLCHAIN_MAX_AGE)
             return f"pruned {_prune(store, cap if over else None, age, time_box)}"
-        finally:
-            _held.discard(fd)
-            os.close(fd)
     except Exception as exc:  # a bad setting or a broken root must not fail the build that succeeded
         _log.warning("size cap not applied to %s: %s", store.root, exc)
         return "error"

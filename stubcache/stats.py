@@ -13,9 +13,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
-from . import fsroot
+from . import fsroot, locking
 from .scan import EntryRecord
-from .store import try_flock_ex
 from .values import MAX_SECONDS, count, finite
 
 MAX_TIME = 4102444800.0  # 2100-01-01
@@ -228,7 +227,7 @@ def file_finished_at(dfd: int, name: str) -> bool:
     except (OSError, ValueError):
         return False
     try:
-        return os.fstat(fd).st_size > 0 and try_flock_ex(fd)
+        return os.fstat(fd).st_size > 0 and locking.try_flock(fd)
     except OSError:
         return False
     finally:
@@ -243,7 +242,14 @@ def compact_events(events_dir: str, lock_path: str, file_mode: int = 0o600) -> i
     carries the number of processes and the merged file names, so files left behind by a
     compaction killed before deleting them are not counted twice. Skipped when another
     compaction holds ``lock_path`` or it cannot be opened.
+
+    ``file_mode`` is the root's lock-file mode (``0660`` in a shared root, else ``0600``): the lock
+    gets it and the archive the event files' mode (:func:`stubcache.events.file_mode`), whatever
+    the umask. The archive is written atomically and ``fsync``-ed before its sources go.
     """
+    from .events import file_mode as event_file_mode
+
+    shared = bool(file_mode & 0o070)
     lock_dir, lock_name = os.path.split(lock_path)
     try:
         dfd = fsroot.open_dir(events_dir)
@@ -251,14 +257,13 @@ def compact_events(events_dir: str, lock_path: str, file_mode: int = 0o600) -> i
         return 0
     try:
         with fsroot.Dir(lock_dir) as lfd:
-            lock_fd = os.open(fsroot.check_name(lock_name), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-                              | os.O_NONBLOCK, file_mode, dir_fd=lfd)
+            lock_fd = locking.open_lock_at(lfd, lock_name, shared=shared, label=lock_path)
     except (OSError, ValueError):
         os.close(dfd)
         return 0
     try:
         try:
-            if not try_flock_ex(lock_fd):
+            if not locking.try_flock(lock_fd):
                 return 0
         except OSError:
             return 0
@@ -282,15 +287,8 @@ def compact_events(events_dir: str, lock_path: str, file_mode: int = 0o600) -> i
         header_line = json.dumps({"ev": "archive", "processes": processes, "merged": names},
                                  separators=(",", ":")).encode()
         out = f"{ARCHIVE_PREFIX}{int(time.time())}-{os.getpid()}-{os.urandom(6).hex()}.jsonl"
-        tmp = out + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, file_mode,
-                     dir_fd=dfd)
-        try:
-            os.write(fd, b"\n".join([header_line, *chunks]) + b"\n")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, out, src_dir_fd=dfd, dst_dir_fd=dfd)
+        locking.write_file(dfd, out, b"\n".join([header_line, *chunks]) + b"\n", mode=event_file_mode(shared),
+                           fsync=True)
         _unlink_all(dfd, names + leftovers)
         return len(names)
     finally:

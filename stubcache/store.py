@@ -17,16 +17,14 @@ Layout under ``<root>/v1/``::
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import json
 import os
 import stat
 import time
 
-from . import _log, fsroot
+from . import _log, fsroot, locking
 from .fsroot import check_name
-from .fsroot import try_flock as _try_flock
 from .manifest import MANIFEST_NAME, Manifest
 
 LAYOUT = "v1"
@@ -66,62 +64,6 @@ def file_sha256(fd_or_path) -> str:
         finally:
             os.close(fd)
     return h.hexdigest()
-
-
-def try_flock_ex(fd: int) -> bool:
-    """``LOCK_EX|LOCK_NB`` on ``fd``: True if taken, False if another open file holds a lock."""
-    return _try_flock(fd, fcntl.LOCK_EX)
-
-
-def flock_within(fd: int, op: int, timeout: float) -> bool:
-    """``flock(fd, op)`` waiting at most ``timeout`` seconds (polling ``LOCK_NB`` every 2-50 ms):
-    True if taken. A holder that never lets go (a stopped process, a hostile group member)
-    costs at most the bound."""
-    if _try_flock(fd, op):
-        return True
-    deadline = time.monotonic() + timeout
-    delay = 0.002
-    while True:
-        now = time.monotonic()
-        if now >= deadline:
-            return False
-        time.sleep(min(delay, deadline - now))
-        delay = min(delay * 1.5, 0.05)
-        if _try_flock(fd, op):
-            return True
-
-
-def lock_holders(fd: int) -> list[int]:
-    """pids holding a ``flock`` on the file open as ``fd``, from ``/proc/locks`` (Linux; empty
-    where unknown). For messages only: a pid may be in another pid namespace or reused."""
-    try:
-        st = os.fstat(fd)
-        data = fsroot.read_at(None, "/proc/locks", 8 << 20)
-    except (OSError, ValueError):
-        return []
-    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    pids = []
-    for line in data.decode("ascii", "replace").splitlines():
-        parts = line.split()
-        # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"; "1: -> FLOCK ..." lines are waiters
-        if len(parts) >= 8 and parts[1] == "FLOCK" and parts[5] == want and parts[4].isdigit():
-            pids.append(int(parts[4]))
-    return sorted(set(pids))
-
-
-def describe_holders(fd: int) -> str:
-    """``pid 123 (python3)``-style text naming who holds a lock on ``fd``, or a generic phrase."""
-    pids = lock_holders(fd)
-    if not pids:
-        return "an unknown process"
-    out = []
-    for pid in pids[:3]:
-        try:
-            comm = fsroot.read_at(None, f"/proc/{pid}/comm", 4096).decode("utf-8", "replace").strip()
-        except (OSError, ValueError):
-            comm = "?"
-        out.append(f"pid {pid} ({fsroot.printable(comm, 32)})")
-    return ", ".join(out)
 
 
 def default_root() -> str:
@@ -307,7 +249,7 @@ class Store:
         with self.at(*rel) as sfd:
             efd = os.open(check_name(entry_name), fsroot.O_DIR, dir_fd=sfd)
             try:
-                fsroot.write_new(efd, MANIFEST_NAME, manifest.dumps().encode("utf-8"), 0o444)
+                locking.write_file(efd, MANIFEST_NAME, manifest.dumps().encode("utf-8"), mode=0o444, exclusive=True)
                 lfd = fsroot.open_regular(efd, manifest.library)
                 try:
                     os.fchmod(lfd, 0o555)
@@ -388,7 +330,7 @@ class Store:
             try:
                 with self.at("quarantine", os.path.basename(dst)) as qfd:
                     fsroot.unlink_at(qfd, "QUARANTINE_REASON")
-                    fsroot.write_new(qfd, "QUARANTINE_REASON", (reason + "\n").encode(), 0o444)
+                    locking.write_file(qfd, "QUARANTINE_REASON", (reason + "\n").encode(), mode=0o444, exclusive=True)
             except OSError:
                 pass
         return dst
@@ -416,45 +358,12 @@ class Store:
         return os.path.join(self.base, "pins", key)
 
     def open_lock_file(self, path: str, create: bool = True) -> int:
-        """Open (creating) a file used only for ``flock``: private ``0600``, or ``0660`` in a
-        shared root whatever the umask, so every member can lock it. ``path`` is a path below
-        ``v1/``; it is reached through directory fds without following links, opened
-        non-blocking, and must be a regular file (``NotRegularFile`` otherwise)."""
+        """Open (creating) a file used only for ``flock`` (see :func:`locking.open_lock_at`:
+        ``0660`` in a shared root). ``path`` is a path below ``v1/``; it is reached through
+        directory fds without following links."""
         rel = os.path.relpath(path, self.base).split(os.sep)
         with self.at(*rel[:-1], create=create) as dfd:
-            return self._open_lock_at(dfd, check_name(rel[-1]), create, path)
-
-    def _open_lock_at(self, dfd: int, name: str, create: bool, path: str) -> int:
-        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | (os.O_CREAT if create else 0)
-        for attempt in (0, 1):
-            try:
-                fd = os.open(name, flags, self.mode(0o600, 0o660), dir_fd=dfd)
-            except PermissionError:
-                if not create:
-                    raise
-                fd = os.open(name, flags & ~os.O_RDWR & ~os.O_CREAT | os.O_RDONLY, dir_fd=dfd)
-            except OSError as exc:
-                if exc.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO) or not create or attempt:
-                    raise
-                # A planted link, directory or socket where a lock file belongs: it goes (the
-                # link itself, never its target; a tree without following anything).
-                fsroot.rmtree_at(dfd, name)
-                continue
-            st = os.fstat(fd)
-            if stat.S_ISREG(st.st_mode):
-                if self.shared and stat.S_IMODE(st.st_mode) != 0o660 and fsroot.own_single(st):
-                    try:
-                        os.fchmod(fd, 0o660)  # whatever the umask: every member must be able to lock it
-                    except OSError:
-                        pass
-                return fd
-            os.close(fd)
-            if not create or attempt:
-                raise fsroot.NotRegularFile(errno.EINVAL, f"is a {fsroot.kind(st.st_mode)}, not a lock file", path)
-            # A FIFO or device where a lock file belongs locks nothing anyone else respects:
-            # replace it (unlinking never follows, and a real lock file is never removed here).
-            fsroot.unlink_at(dfd, name)
-        raise fsroot.NotRegularFile(errno.EINVAL, "not a lock file", path)
+            return locking.open_lock_at(dfd, check_name(rel[-1]), shared=self.shared, create=create, label=path)
 
     def _open_pin(self, key: str) -> int:
         return self.open_lock_file(self.pin_path(key))
@@ -477,25 +386,23 @@ class Store:
         while True:
             pfd = self.dir("pins", create=True)
             try:
-                fd = self._open_lock_at(pfd, check_name(key), True, self.pin_path(key))
+                fd = locking.open_lock_at(pfd, check_name(key), shared=self.shared, label=self.pin_path(key))
             except BaseException:
                 os.close(pfd)
                 raise
             try:
-                if not _try_flock(fd, fcntl.LOCK_SH):
-                    if deadline is None:  # only now: the uncontended hit path imports nothing
+                if not locking.try_flock(fd, locking.SH):
+                    if deadline is None:
                         if timeout is None:
-                            from .locking import lock_timeout_from_env
-
-                            timeout = lock_timeout_from_env()
+                            timeout = locking.lock_timeout_from_env()
                         deadline = time.monotonic() + timeout
-                    locked = flock_within(fd, fcntl.LOCK_SH, max(deadline - time.monotonic(), 0.0))
+                    locked = locking.wait_flock(fd, locking.SH, max(deadline - time.monotonic(), 0.0))
                 else:
                     locked = True
                 if not locked:
                     _log.warning("stubcache: the pin of entry %s is held exclusively by %s for over %.0fs; "
                                  "loading it without a pin (prune may remove it meanwhile)", key,
-                                 describe_holders(fd), timeout)
+                                 locking.describe_holders(fd), timeout)
                     os.close(fd)
                     return None
                 st = os.fstat(fd)
@@ -534,10 +441,10 @@ class Store:
     def _replace(self, area: str, name: str, data: bytes, mode: int) -> None:
         with self.at(area, create=True) as fd:
             try:
-                fsroot.replace_at(fd, name, data, mode)
+                locking.write_file(fd, name, data, mode=mode)
             except (IsADirectoryError, NotADirectoryError):
                 fsroot.rmtree_at(fd, name)  # a directory planted where our file goes
-                fsroot.replace_at(fd, name, data, mode)
+                locking.write_file(fd, name, data, mode=mode)
 
     def _read_json(self, area: str, name: str) -> dict | None:
         try:

@@ -115,7 +115,8 @@ def verify_store(store: Store, quarantine: bool = True, progress=None) -> list[V
         if res.status == "bad" and quarantine:
             res = _quarantine_locked(store, key, policy, res)
             if res.quarantined_to:
-                events.record(store.path("events"), "quarantine", key, reason=res.detail, by="verify")
+                events.record(store.path("events"), "quarantine", key, reason=res.detail, by="verify",
+                              file_mode=events.file_mode(store.shared))
         results.append(res)
     return results
 
@@ -125,10 +126,8 @@ def _quarantine_locked(store: Store, key: str, policy: TrustPolicy, res: VerifyR
     replaced the bad entry with a good one between our check and the move. The lock wait is
     bounded (``STUBCACHE_LOCK_TIMEOUT``, at most 60 s) and the lock file is reached without
     following links; the base key comes from the manifest only if it is a plain key."""
-    import fcntl
-
-    from .locking import lock_timeout_from_env
-    from .store import flock_within, is_key
+    from . import locking
+    from .store import is_key
 
     try:
         base = store.read_manifest(key).base_key
@@ -142,7 +141,7 @@ def _quarantine_locked(store: Store, key: str, policy: TrustPolicy, res: VerifyR
         res.detail += f" (not quarantined: cannot open its build lock: {printable(exc)})"
         return res
     try:
-        if not flock_within(fd, fcntl.LOCK_EX, min(lock_timeout_from_env(), 60.0)):
+        if not locking.wait_flock(fd, locking.EX, min(locking.lock_timeout_from_env(), 60.0)):
             res.detail += " (not quarantined: its build lock stayed busy)"
             return res
         res = check_entry(store, key, policy)

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from stubcache import StubCache
-from stubcache.store import try_flock_ex
+from stubcache.locking import try_flock
 
 from .conftest import run_py
 from .test_cli_support import build_real, run_cli
@@ -64,7 +64,7 @@ def test_only_one_process_cleans_at_a_time(cache_root, cxx, monkeypatch):
     monkeypatch.setenv("STUBCACHE_MAX_SIZE", "1B")
     fd = store.open_lock_file(store.lock_path("sizecap"))
     try:
-        assert try_flock_ex(fd)
+        assert try_flock(fd)
         assert sizecap.after_publish(store) == "busy"  # another process is cleaning: do not wait
         assert len(entry_keys(cache_root)) == 2
     finally:
@@ -244,7 +244,7 @@ def test_a_process_forked_during_the_prune_does_not_keep_its_lock(cache_root, cx
         assert sizecap.after_publish(store) == "pruned 0"
         fd = store.open_lock_file(store.lock_path("sizecap"))
         try:
-            assert try_flock_ex(fd)  # the worker does not hold the cleaner's lock
+            assert try_flock(fd)  # the worker does not hold the cleaner's lock
         finally:
             os.close(fd)
     finally:
