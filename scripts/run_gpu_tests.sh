@@ -4,7 +4,7 @@
 #   bash scripts/run_gpu_tests.sh [-k EXPR]       # a few minutes; exit 0 only if nothing failed
 #
 # Works from a plain copy of the source tree: nothing is installed, the tree is put on
-# PYTHONPATH. Needs python3 with a CUDA-enabled torch, cuda-bindings, filelock, pytest and a
+# PYTHONPATH. Needs python3 with a CUDA-enabled torch, cuda-bindings, pytest and a
 # C++ compiler; platformdirs is not needed (the stub cache is a private temporary directory).
 # Prints the environment and what is missing, then one line per test (PASS / FAIL / SKIP /
 # TIMEOUT), each test in its own process (an illegal address poisons a process's CUDA context),
@@ -72,7 +72,7 @@ try:
 except Exception as exc:
     miss("torch", f"{type(exc).__name__}: {exc}")
 for mod, pkg, why in (("cuda.bindings.driver", "cuda.bindings", "the CUDA arena's driver calls (pip package cuda-bindings)"),
-                      ("filelock", "filelock", "stubcache's locks"), ("pytest", "pytest", "runs the tests")):
+                      ("pytest", "pytest", "runs the tests")):
     try:
         importlib.import_module(mod)
         ok(mod, getattr(importlib.import_module(pkg), "__version__", ""))
