@@ -10,8 +10,8 @@ from ``/proc/locks``). :func:`acquire` is the per-key build lock built from them
 
 These are raw ``fcntl.flock`` calls rather than ``filelock``: ``filelock.FileLock`` takes the same
 kernel lock, but importing it costs ~30 ms (it imports asyncio), paid by every process of a
-start-up herd, and it opens its lock file by path, following links (docs/cache.md, "Locks and
-atomic writes", has the measurement).
+start-up herd, and it opens its lock file by path (links in the directories above it are
+followed). docs/cache.md, "Locks and atomic writes", has the measurement.
 
 **Atomic writes** go through :func:`write_file`: a new file is created with ``O_EXCL|O_NOFOLLOW``
 (never an existing file or a planted link), given exactly the mode asked for with ``fchmod``
@@ -26,12 +26,14 @@ import fcntl
 import os
 import stat
 import time
-from typing import TYPE_CHECKING, Callable
 
 from . import fsroot
 from .errors import LockTimeoutError
 
+TYPE_CHECKING = False  # not typing's: the hit path imports this module, and typing costs milliseconds
 if TYPE_CHECKING:
+    from typing import Callable
+
     from .store import Store
 
 EX = fcntl.LOCK_EX
