@@ -16,7 +16,7 @@ from typing import Any, Sequence
 from .errors import BuildError, TrustError
 from .key import diff_preimages
 from .manifest import MANIFEST_NAME, Manifest
-from .spec import StubSpec
+from .spec import spec_from_canonical
 from .store import Store, file_sha256
 
 UNCOVERED = "the key does not cover an input"
@@ -40,20 +40,6 @@ class AuditResult:
 
     def to_json(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__slots__}
-
-
-def spec_from_canonical(data: dict) -> StubSpec:
-    """The spec whose :meth:`StubSpec.canonical` is ``data`` (a manifest's ``preimage.spec``)."""
-    functions = data.get("functions")
-    return StubSpec(
-        name=data["name"], cpp_sources=data.get("cpp_sources") or (), cuda_sources=data.get("cuda_sources"),
-        functions=dict(functions) if functions is not None else None,
-        extra_cflags=data.get("extra_cflags"), extra_cuda_cflags=data.get("extra_cuda_cflags"),
-        extra_ldflags=data.get("extra_ldflags"), extra_include_paths=data.get("extra_include_paths"),
-        with_cuda=data.get("with_cuda"), is_python_module=bool(data.get("is_python_module")),
-        with_pytorch_error_handling=data.get("with_pytorch_error_handling") is not False,
-        no_implicit_headers=data.get("no_implicit_headers"), builder=data.get("build_method"),
-    )
 
 
 def select_keys(store: Store, keys: Sequence[str], sample: int | None) -> list[str]:

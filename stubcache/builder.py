@@ -21,7 +21,7 @@ import time
 from . import _log, buildinputs, progress
 from .errors import BuildError
 from .fingerprint import torch_dir
-from .spec import StubSpec
+from .spec import FIELDS, PASS, StubSpec
 
 
 AS_NEEDED = "-Wl,--as-needed"
@@ -162,24 +162,17 @@ def _inline_sources(sources, build_dir: str, stem: str) -> list[str]:
     return out
 
 
-def _build_load_inline(spec: StubSpec, build_dir: str) -> tuple[str, str, list[str]]:
-    global _warned_no_implicit
-    import glob
-    import inspect
-
-    from .patch import torch_original
-
-    try:
-        load_inline = torch_original("load_inline")  # never the module attribute: it may be patched
-    except ImportError as exc:
-        raise BuildError(f"Error building extension '{spec.name}': it needs torch ({exc})", name=spec.name) from None
-    verbose = progress.verbose()
+def load_inline_kwargs(spec: StubSpec, build_dir: str, verbose: bool = False) -> dict:
+    """The arguments torch's ``load_inline`` gets for ``spec``, all but ``no_implicit_headers``
+    (which depends on the installed torch): each field that ``spec.FIELDS`` marks ``PASS`` as its
+    JSON value, the ``REWRITE`` ones as set here. Writes a source holding undecodable bytes
+    into ``build_dir`` (see :func:`_inline_sources`)."""
+    data = spec.to_dict()
+    kwargs = {f.name: data[f.name] for f in FIELDS if f.torch == PASS}
     includes = [f"-I{p}" for p in spec.extra_include_paths]
-    kwargs = dict(
-        name=spec.name,
+    kwargs.update(
         cpp_sources=_inline_sources(spec.cpp_sources, build_dir, "cpp_source"),
         cuda_sources=_inline_sources(spec.cuda_sources, build_dir, "cuda_source") or None,
-        functions=dict(spec.functions) if spec.functions is not None else None,
         # Every flag shell-quoted for build.ninja (see ninja_safe_flags). Include paths go in as
         # -I flags: torch shell-quotes extra_include_paths but does not escape `$` (or refuse line
         # breaks) for ninja. -I dirs are searched before torch's -isystem ones wherever they
@@ -192,10 +185,23 @@ def _build_load_inline(spec: StubSpec, build_dir: str) -> tuple[str, str, list[s
         extra_include_paths=[],
         build_directory=build_dir,
         verbose=verbose,
-        with_cuda=spec.with_cuda,
-        is_python_module=False,
-        with_pytorch_error_handling=spec.with_pytorch_error_handling,
+        is_python_module=False,  # torch builds the same binary either way; the drop-in imports it
     )
+    return kwargs
+
+
+def _build_load_inline(spec: StubSpec, build_dir: str) -> tuple[str, str, list[str]]:
+    global _warned_no_implicit
+    import glob
+    import inspect
+
+    from .patch import torch_original
+
+    try:
+        load_inline = torch_original("load_inline")  # never the module attribute: it may be patched
+    except ImportError as exc:
+        raise BuildError(f"Error building extension '{spec.name}': it needs torch ({exc})", name=spec.name) from None
+    kwargs = load_inline_kwargs(spec, build_dir, progress.verbose())
     if spec.skips_implicit_headers:
         if "no_implicit_headers" in inspect.signature(load_inline).parameters:
             kwargs["no_implicit_headers"] = True

@@ -6,16 +6,21 @@ import os
 import threading
 from typing import Any, Sequence
 
-from . import _log
+from . import _log, progress
 from .cache import Entry, StubCache
+from .fingerprint import _env_snapshot
 from .patch import mark
-from .spec import StubSpec
+from .spec import FIELDS, StubSpec
+from .store import default_root  # all three loaded with .cache: a function-level import costs ~1.5 us a call
 
 _caches: dict[str, StubCache] = {}
 _modules: dict[tuple, Any] = {}
 _call_memo: dict[tuple, Any] = {}
 _versions: dict[str, tuple[int, Any]] = {}  # name -> (version, the call it was last loaded with)
 _noticed: set[str] = set()
+# The spec fields load_inline takes from torch's parameters of the same name (FIELDS' torch
+# column), in order; ``name`` is not among them: the drop-in versions it first.
+_FORWARDED = tuple(f.name for f in FIELDS if f.torch and f.name != "name")
 
 
 class Unsupported(ValueError):
@@ -73,8 +78,6 @@ def _notice_ignored(build_directory: Any, root: str) -> None:
 
 def default_cache() -> StubCache:
     """The process-wide :class:`StubCache` for the current ``STUBCACHE_DIR`` (or default root)."""
-    from .store import default_root
-
     root = default_root()
     cache = _caches.get(root)
     if cache is None:
@@ -163,20 +166,16 @@ def load_inline(
     """
     _unsupported(sycl_sources=sycl_sources, extra_sycl_cflags=extra_sycl_cflags, with_sycl=with_sycl,
                  gil_not_used=gil_not_used)
-    from .fingerprint import _env_snapshot
-    from .store import default_root
-
     functions = _functions_like_torch(functions)
     if cpp_sources is None:  # torch fails joining it: a TypeError there too
         raise TypeError("cpp_sources must be str or a list of str, got None")
     root = default_root()
     # Repeated calls with the same arguments (engines call this per layer or per request) skip
     # validation and hashing: torch returns the already-loaded module in that case too.
+    args = locals()
     memo_key = call = None
     try:
-        call = (_frozen(cpp_sources), _frozen(cuda_sources), _frozen(functions), _frozen(extra_cflags),
-                _frozen(extra_cuda_cflags), _frozen(extra_ldflags), _frozen(extra_include_paths), with_cuda,
-                is_python_module, with_pytorch_error_handling, no_implicit_headers)
+        call = tuple([_frozen(args[f]) for f in _FORWARDED])
         module_name = _versioned(name, call) if isinstance(name, str) else name
         memo_key = (root, _env_snapshot(), module_name, call)
         hit = _call_memo.get(memo_key)
@@ -186,13 +185,9 @@ def load_inline(
     if hit is not None:
         return hit
     _notice_ignored(build_directory, root)
-    spec = StubSpec(
-        module_name, cpp_sources, cuda_sources=cuda_sources, functions=functions, extra_cflags=extra_cflags,
-        extra_cuda_cflags=extra_cuda_cflags, extra_ldflags=extra_ldflags,
-        extra_include_paths=extra_include_paths, with_cuda=with_cuda, is_python_module=is_python_module,
-        with_pytorch_error_handling=with_pytorch_error_handling,
-        no_implicit_headers=bool(no_implicit_headers),
-    )
+    fields = {f: args[f] for f in _FORWARDED}
+    fields["no_implicit_headers"] = bool(no_implicit_headers)  # torch's False keeps the headers; None would decide
+    spec = StubSpec(module_name, **fields)
     entry, result = _get_and_import(spec, verbose, name, call)
     if memo_key is not None and entry.published and not spec.tracks_headers:
         _call_memo[memo_key] = result
@@ -203,8 +198,6 @@ _imported: dict[str, str] = {}  # Python module name -> key of the library impor
 
 
 def _get_and_import(spec: StubSpec, verbose: bool, name: Any = None, call: Any = None) -> tuple[Entry, Any]:
-    from . import progress
-
     cache = default_cache()
     with progress.verbose_scope(verbose):
         entry = cache.get_or_build(spec)
@@ -255,8 +248,6 @@ def load(
     ``is_standalone`` and SYCL raise :class:`Unsupported`.
     """
     _unsupported(extra_sycl_cflags=extra_sycl_cflags, with_sycl=with_sycl, is_standalone=is_standalone)
-    from .store import default_root
-
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
     cpp: list[str] = []

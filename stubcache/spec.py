@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+from operator import attrgetter
 from typing import Any, Iterable, Mapping, Sequence
 
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}\Z")
@@ -28,15 +29,14 @@ def _str_list(value: Any, field: str) -> tuple[str, ...]:
     if value is None:
         return ()
     if isinstance(value, str):
-        items: Iterable[Any] = (value,)
-    elif isinstance(value, (bytes, bytearray)):
+        _check_text(value, field)
+        return (value,)
+    if isinstance(value, (bytes, bytearray)):
         raise TypeError(f"{field} must be str or a list of str, not bytes; decode it first")
-    elif isinstance(value, (list, tuple)):
-        items = value
-    else:
+    if not isinstance(value, (list, tuple)):
         raise TypeError(f"{field} must be str or a list of str, got {type(value).__name__}")
     out = []
-    for item in items:
+    for item in value:
         if not isinstance(item, str):
             raise TypeError(f"{field} must contain only str, got {type(item).__name__}")
         _check_text(item, field)
@@ -50,13 +50,14 @@ def _flag_list(value: Any, field: str) -> tuple[str, ...]:
         return ()
     if isinstance(value, str):
         raise TypeError(f"{field} must be a list of str, got a single str {value!r}; wrap it in a list")
-    flags = _str_list(value, field)
-    return tuple(f.strip() for f in flags)
+    return tuple([f.strip() for f in _str_list(value, field)])
 
 
 def _check_text(text: str, field: str) -> None:
     if "\x00" in text:
         raise ValueError(f"{field} contains a NUL character")
+    if text.isascii():  # O(1) in CPython; ASCII text always encodes
+        return
     try:
         # surrogateescape: undecodable bytes of a source file read by load() are kept as such
         text.encode("utf-8", "surrogateescape")
@@ -64,7 +65,7 @@ def _check_text(text: str, field: str) -> None:
         raise ValueError(f"{field} is not valid UTF-8 text ({exc.reason} at {exc.start})") from None
 
 
-def _functions(value: Any) -> tuple[tuple[str, str], ...] | None:
+def _functions(value: Any, field: str = "functions") -> tuple[tuple[str, str], ...] | None:
     """Canonical ``functions``: a tuple of (name, docstring) pairs, as torch generates bindings."""
     if value is None:
         return None
@@ -99,7 +100,7 @@ def _bool(value: Any, field: str) -> bool:
     raise TypeError(f"{field} must be True or False, got {type(value).__name__}")
 
 
-def validate_name(name: Any) -> str:
+def validate_name(name: Any, field: str = "name") -> str:
     """Return ``name`` if it is usable as a module name and file name, else raise."""
     if not isinstance(name, str):
         raise TypeError(f"name must be str, got {type(name).__name__}")
@@ -124,7 +125,118 @@ def _mentions_one(src: str) -> bool:
 
 def mentions_torch(sources: Iterable[str]) -> bool:
     """True if any source refers to torch, ATen, c10 or pybind11."""
-    return any(_mentions_one(s) for s in sources)
+    for src in sources:  # a loop, not any(genexpr): this runs once per spec on the hit path
+        if _mentions_one(src):
+            return True
+    return False
+
+
+def _include_paths(value: Any, field: str) -> tuple[str, ...]:
+    return tuple([os.path.abspath(p) for p in _flag_list(value, field)])
+
+
+def _builder(value: Any, field: str) -> str | None:
+    if value not in (None, "direct", "load_inline"):
+        raise ValueError(f"{field} must be None, 'direct' or 'load_inline', got {value!r}")
+    return value
+
+
+def _pairs_to_dict(pairs: Any) -> dict | None:
+    return dict(pairs) if pairs is not None else None
+
+
+def _pairs_to_lists(pairs: Any) -> list | None:
+    return [list(p) for p in pairs] if pairs is not None else None
+
+
+def _only_with_functions(field: str) -> Any:
+    """Key rule of an option that changes nothing without ``functions``: torch then generates no
+    bindings and both values leave the library byte-identical (tests/test_key_soundness.py), so
+    it must not split the key. (``is_python_module`` only changes how the caller loads it.)"""
+    get = attrgetter(field)
+    return lambda spec: get(spec) if spec.functions is not None else None
+
+
+REQUIRED: Any = object()  # the default of a field that has none
+
+# How the builder and the drop-in map a field onto torch's ``load_inline`` (``Field.torch``):
+PASS = "pass"  # a ``load_inline`` parameter of the same name: the drop-in forwards its argument,
+#                the builder hands torch the field's JSON value unchanged
+REWRITE = "rewrite"  # a ``load_inline`` parameter the drop-in forwards, that the builder rewrites
+#                      (sources written out, flags quoted, a value torch must not decide)
+
+
+class Field:
+    """One row of :data:`FIELDS`: a :class:`StubSpec` field and every rule derived from it.
+
+    ``check(value, name)`` validates and normalises a constructor argument (raising
+    ``TypeError``/``ValueError``) into the stored, immutable value; ``data(stored)`` gives its
+    JSON form for :meth:`StubSpec.to_dict` (``None``: the value itself); ``key(spec)`` gives its
+    value in the key pre-image :meth:`StubSpec.canonical`, stored under ``key_name`` (``None``:
+    the JSON form); ``from_key(value)`` turns that value back into a constructor argument
+    (``None``: unchanged); ``torch`` is :data:`PASS`, :data:`REWRITE` or ``None`` (not a
+    parameter of torch's ``load_inline``).
+    """
+
+    __slots__ = ("name", "default", "check", "data", "key", "key_name", "from_key", "torch")
+
+    def __init__(self, name: str, default: Any, check: Any, data: Any = None, key: Any = None,
+                 key_name: str | None = None, from_key: Any = None, torch: str | None = PASS) -> None:
+        self.name = name
+        self.default = default
+        self.check = check
+        self.data = data
+        self.key = key
+        self.key_name = key_name or name
+        self.from_key = from_key
+        self.torch = torch
+
+    def __repr__(self) -> str:
+        return f"Field({self.name!r})"
+
+
+# Every field of a spec, in constructor order. Every field enters the key: one that provably does
+# not change the library gets a key rule mapping it to a constant (as is_python_module does
+# without functions), never leaves the key. docs/cache.md "Adding a spec field" says what else to do.
+FIELDS: tuple[Field, ...] = (
+    #     name                  default   check            data           key / key_name / from_key
+    Field("name",               REQUIRED, validate_name),
+    Field("cpp_sources",        (),       _str_list,       list,          torch=REWRITE),
+    Field("cuda_sources",       None,     _str_list,       list,          torch=REWRITE),
+    Field("functions",          None,     _functions,      _pairs_to_dict, lambda s: _pairs_to_lists(s.functions),
+          from_key=_pairs_to_dict),  # sorted (name, docstring) pairs: binding order is irrelevant
+    Field("extra_cflags",       None,     _flag_list,      list,          torch=REWRITE),
+    Field("extra_cuda_cflags",  None,     _flag_list,      list,          torch=REWRITE),
+    Field("extra_ldflags",      None,     _flag_list,      list,          torch=REWRITE),
+    Field("extra_include_paths", None,    _include_paths,  list,          torch=REWRITE),
+    Field("with_cuda",          None,     _optional_bool,  None,          attrgetter("effective_with_cuda")),
+    Field("is_python_module",   False,    _bool,           None,          _only_with_functions("is_python_module"),
+          from_key=bool, torch=REWRITE),
+    Field("with_pytorch_error_handling", True, _bool,      None,          _only_with_functions(
+          "with_pytorch_error_handling"), from_key=lambda v: v is not False),
+    Field("no_implicit_headers", None,    _optional_bool,  None,          attrgetter("skips_implicit_headers"),
+          torch=REWRITE),
+    Field("builder",            None,     _builder,        None,          attrgetter("build_method"),
+          key_name="build_method", torch=None),
+)
+FIELD_NAMES = frozenset(f.name for f in FIELDS)
+
+# Precomputed rows for the per-call paths (a spec is built on every first load_inline call).
+# A default argument skips its check: checks are pure, so its stored value is computed once, here.
+_CHECKS = tuple((f.name, f.check, f.default, None if f.default is REQUIRED else f.check(f.default, f.name))
+                for f in FIELDS)
+_DATA = tuple((f.name, attrgetter(f.name), f.data) for f in FIELDS)
+_KEY = tuple((f.key_name, f.key, None) if f.key else (f.key_name, attrgetter(f.name), f.data) for f in FIELDS)
+
+
+def spec_from_canonical(data: Mapping[str, Any]) -> "StubSpec":
+    """The spec whose :meth:`StubSpec.canonical` is ``data`` (a manifest's ``preimage.spec``);
+    raises ``KeyError``/``TypeError``/``ValueError`` for data that is not such a form."""
+    args = {}
+    for f in FIELDS:
+        value = data[f.key_name] if f.default is REQUIRED else data.get(f.key_name)
+        args[f.name] = value if f.from_key is None else f.from_key(value)
+    return StubSpec(**args)
 
 
 class StubSpec:
@@ -152,10 +264,8 @@ class StubSpec:
     spec is immutable (its key is memoised on it): use :meth:`replace` for a changed copy.
     """
 
-    __slots__ = (
-        "name", "cpp_sources", "cuda_sources", "functions", "extra_cflags", "extra_cuda_cflags",
-        "extra_ldflags", "extra_include_paths", "with_cuda", "is_python_module",
-        "with_pytorch_error_handling", "no_implicit_headers", "builder", "_canonical", "_base_key",
+    __slots__ = tuple(f.name for f in FIELDS) + (
+        "_canonical", "_base_key",
         "_mentions", "_host_targets", "_tool_flags",
     )
 
@@ -175,34 +285,24 @@ class StubSpec:
         no_implicit_headers: bool | None = None,
         builder: str | None = None,
     ) -> None:
+        # The parameters above are FIELDS, in order and with its defaults (tests/test_spec_fields.py
+        # checks it): spelled out so that callers and type checkers see them.
+        args = locals()
         _set = object.__setattr__  # immutable: every field is set once, here (see __setattr__)
         _set(self, "_canonical", None)
         _set(self, "_base_key", None)
         _set(self, "_mentions", None)
-        _set(self, "name", validate_name(name))
-        _set(self, "cpp_sources", _str_list(cpp_sources, "cpp_sources"))
-        _set(self, "cuda_sources", _str_list(cuda_sources, "cuda_sources"))
-        _set(self, "functions", _functions(functions))
-        _set(self, "extra_cflags", _flag_list(extra_cflags, "extra_cflags"))
-        _set(self, "extra_cuda_cflags", _flag_list(extra_cuda_cflags, "extra_cuda_cflags"))
-        _set(self, "extra_ldflags", _flag_list(extra_ldflags, "extra_ldflags"))
-        _set(self, "extra_include_paths", tuple(
-            os.path.abspath(p) for p in _flag_list(extra_include_paths, "extra_include_paths")))
-        _set(self, "with_cuda", _optional_bool(with_cuda, "with_cuda"))
-        _set(self, "is_python_module", _bool(is_python_module, "is_python_module"))
-        _set(self, "with_pytorch_error_handling",
-             _bool(with_pytorch_error_handling, "with_pytorch_error_handling"))
-        _set(self, "no_implicit_headers", _optional_bool(no_implicit_headers, "no_implicit_headers"))
-        if builder not in (None, "direct", "load_inline"):
-            raise ValueError(f"builder must be None, 'direct' or 'load_inline', got {builder!r}")
-        _set(self, "builder", builder)
+        for field, check, default, stored_default in _CHECKS:
+            value = args[field]
+            _set(self, field, stored_default if value is default else check(value, field))
+        flags = self.extra_cflags + self.extra_cuda_cflags
         _set(self, "_host_targets", tuple(
-            f for f in self.extra_cflags + self.extra_cuda_cflags
-            if f.endswith("=native") and f.startswith(("-march=", "-mtune=", "-mcpu=", "-Xcompiler"))))
+            f for f in flags
+            if f.endswith("=native") and f.startswith(("-march=", "-mtune=", "-mcpu=", "-Xcompiler"))) if flags else ())
         flags = self.extra_cflags + self.extra_ldflags
         _set(self, "_tool_flags", tuple(
             f for i, f in enumerate(flags)
-            if f.startswith(TOOL_FLAG_PREFIXES) or (i and flags[i - 1] == "-B")))
+            if f.startswith(TOOL_FLAG_PREFIXES) or (i and flags[i - 1] == "-B")) if flags else ())
         if builder == "direct" and not self._direct_ok():
             raise ValueError(f"stub {name!r} cannot take the direct build path: it needs torch headers, "
                              "a Python module or CUDA")
@@ -245,7 +345,7 @@ class StubSpec:
 
     def _mentions_torch(self) -> bool:
         if self._mentions is None:
-            self._mentions = mentions_torch(self.cpp_sources + self.cuda_sources)
+            object.__setattr__(self, "_mentions", mentions_torch(self.cpp_sources + self.cuda_sources))
         return self._mentions
 
     @property
@@ -284,7 +384,7 @@ class StubSpec:
         """True when the flags name user include directories or files. Such a spec is looked up
         again on every call in a process (its headers may change); others are memoised per
         process. Either way every header a build read is part of the entry key."""
-        return bool(self.extra_include_paths) or any(
+        return bool(self.extra_include_paths) or bool(self.extra_cflags) and any(
             f.startswith(("-I", "-isystem", "-iquote", "-idirafter", "-include", "-imacros"))
             for f in self.extra_cflags
         )
@@ -292,25 +392,11 @@ class StubSpec:
     def canonical(self) -> dict:
         """The spec's part of the key pre-image: plain JSON data, independent of option order."""
         if self._canonical is None:
-            self._canonical = {
-                "name": self.name,
-                "cpp_sources": list(self.cpp_sources),
-                "cuda_sources": list(self.cuda_sources),
-                "functions": [list(p) for p in self.functions] if self.functions is not None else None,
-                "extra_cflags": list(self.extra_cflags),
-                "extra_cuda_cflags": list(self.extra_cuda_cflags),
-                "extra_ldflags": list(self.extra_ldflags),
-                "extra_include_paths": list(self.extra_include_paths),
-                "with_cuda": self.effective_with_cuda,
-                # Without functions torch generates no bindings: both options then leave the
-                # library byte-identical (tests/test_key_soundness.py), so they must not split
-                # the key. is_python_module only changes how the caller loads the library.
-                "is_python_module": self.is_python_module if self.functions is not None else None,
-                "with_pytorch_error_handling": (self.with_pytorch_error_handling if self.functions is not None
-                                                else None),
-                "no_implicit_headers": self.skips_implicit_headers,
-                "build_method": self.build_method,
-            }
+            canonical = {}
+            for key_name, get, data in _KEY:
+                value = get(self)
+                canonical[key_name] = value if data is None else data(value)
+            object.__setattr__(self, "_canonical", canonical)  # a memo slot: skips the guard
         return self._canonical
 
     def to_json(self) -> str:
@@ -322,21 +408,11 @@ class StubSpec:
 
     def to_dict(self) -> dict:
         """The spec as plain JSON-ready data; :meth:`from_dict` turns it back into an equal spec."""
-        return {
-            "name": self.name,
-            "cpp_sources": list(self.cpp_sources),
-            "cuda_sources": list(self.cuda_sources),
-            "functions": dict(self.functions) if self.functions is not None else None,
-            "extra_cflags": list(self.extra_cflags),
-            "extra_cuda_cflags": list(self.extra_cuda_cflags),
-            "extra_ldflags": list(self.extra_ldflags),
-            "extra_include_paths": list(self.extra_include_paths),
-            "with_cuda": self.with_cuda,
-            "is_python_module": self.is_python_module,
-            "with_pytorch_error_handling": self.with_pytorch_error_handling,
-            "no_implicit_headers": self.no_implicit_headers,
-            "builder": self.builder,
-        }
+        out = {}
+        for field, get, data in _DATA:
+            value = get(self)
+            out[field] = value if data is None else data(value)
+        return out
 
     @classmethod
     def from_json(cls, data: "str | bytes | Mapping[str, Any]") -> "StubSpec":
@@ -353,7 +429,7 @@ class StubSpec:
         """Build a spec from :meth:`to_dict` output; unknown fields are an error."""
         if not isinstance(data, Mapping):
             raise TypeError(f"a spec must be a JSON object, got {type(data).__name__}")
-        unknown = set(data) - set(cls.__init__.__code__.co_varnames[1:cls.__init__.__code__.co_argcount])
+        unknown = set(data) - FIELD_NAMES
         if unknown:
             raise ValueError(f"unknown spec field(s): {', '.join(sorted(unknown))}")
         return cls(**data)
