@@ -1,7 +1,9 @@
 """What the caller asked to build: :class:`StubSpec`, its validation and canonical form.
 
 This module is on the hit path, so it avoids ``dataclasses`` (which imports ``inspect``) and
-keeps :class:`StubSpec` a small slotted record.
+keeps :class:`StubSpec` a small slotted record. Its fields are one table, :data:`FIELDS`, from
+which the rest (slots, checks, JSON form, key rules, torch mapping) is derived; docs/cache.md
+"Adding a spec field" says how to add one.
 """
 
 from __future__ import annotations
@@ -76,15 +78,15 @@ def _functions(value: Any, field: str = "functions") -> tuple[tuple[str, str], .
     elif isinstance(value, (list, tuple)):
         pairs = [(f, f) for f in value]
     else:
-        raise TypeError(f"functions must be a list of names or a dict name->docstring, got {type(value).__name__}")
+        raise TypeError(f"{field} must be a list of names or a dict name->docstring, got {type(value).__name__}")
     for fname, doc in pairs:
         if not isinstance(fname, str) or not isinstance(doc, str):
-            raise TypeError("functions must map str names to str docstrings")
+            raise TypeError(f"{field} must map str names to str docstrings")
         if not _NAME_RE.match(fname):
             raise ValueError(f"function name {fname!r} is not a C identifier")
-        _check_text(doc, "functions docstring")
+        _check_text(doc, f"{field} docstring")
     if len({f for f, _ in pairs}) != len(pairs):
-        raise ValueError("functions lists a name twice")
+        raise ValueError(f"{field} lists a name twice")
     return tuple(sorted(pairs))  # binding order is irrelevant, so it must not change the key
 
 
@@ -103,7 +105,7 @@ def _bool(value: Any, field: str) -> bool:
 def validate_name(name: Any, field: str = "name") -> str:
     """Return ``name`` if it is usable as a module name and file name, else raise."""
     if not isinstance(name, str):
-        raise TypeError(f"name must be str, got {type(name).__name__}")
+        raise TypeError(f"{field} must be str, got {type(name).__name__}")
     if not _NAME_RE.match(name):
         raise ValueError(
             f"invalid stub name {name!r}: use 1-100 characters from [A-Za-z0-9_], not starting "
@@ -296,13 +298,13 @@ class StubSpec:
             value = args[field]
             _set(self, field, stored_default if value is default else check(value, field))
         flags = self.extra_cflags + self.extra_cuda_cflags
-        _set(self, "_host_targets", tuple(
+        _set(self, "_host_targets", flags and tuple(
             f for f in flags
-            if f.endswith("=native") and f.startswith(("-march=", "-mtune=", "-mcpu=", "-Xcompiler"))) if flags else ())
+            if f.endswith("=native") and f.startswith(("-march=", "-mtune=", "-mcpu=", "-Xcompiler"))))
         flags = self.extra_cflags + self.extra_ldflags
-        _set(self, "_tool_flags", tuple(
+        _set(self, "_tool_flags", flags and tuple(
             f for i, f in enumerate(flags)
-            if f.startswith(TOOL_FLAG_PREFIXES) or (i and flags[i - 1] == "-B")) if flags else ())
+            if f.startswith(TOOL_FLAG_PREFIXES) or (i and flags[i - 1] == "-B")))
         if builder == "direct" and not self._direct_ok():
             raise ValueError(f"stub {name!r} cannot take the direct build path: it needs torch headers, "
                              "a Python module or CUDA")
