@@ -13,7 +13,12 @@ import re
 from operator import attrgetter
 from typing import Any, Iterable, Mapping, Sequence
 
-_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}\Z")
+
+def _is_c_name(text: str) -> bool:
+    """``[A-Za-z_][A-Za-z0-9_]{0,99}``: an ASCII identifier is exactly that, and this costs no
+    regex compile at import (~0.1 ms, on every fresh process's hit path)."""
+    return len(text) <= 100 and text.isascii() and text.isidentifier()
+
 
 # A source that mentions any of these needs torch's implicit headers (or includes them itself):
 # a token not preceded by an identifier character, or an include of a torch-family header.
@@ -82,7 +87,7 @@ def _functions(value: Any, field: str = "functions") -> tuple[tuple[str, str], .
     for fname, doc in pairs:
         if not isinstance(fname, str) or not isinstance(doc, str):
             raise TypeError(f"{field} must map str names to str docstrings")
-        if not _NAME_RE.match(fname):
+        if not _is_c_name(fname):
             raise ValueError(f"function name {fname!r} is not a C identifier")
         _check_text(doc, f"{field} docstring")
     if len({f for f, _ in pairs}) != len(pairs):
@@ -106,7 +111,7 @@ def validate_name(name: Any, field: str = "name") -> str:
     """Return ``name`` if it is usable as a module name and file name, else raise."""
     if not isinstance(name, str):
         raise TypeError(f"{field} must be str, got {type(name).__name__}")
-    if not _NAME_RE.match(name):
+    if not _is_c_name(name):
         raise ValueError(
             f"invalid stub name {name!r}: use 1-100 characters from [A-Za-z0-9_], not starting "
             "with a digit (it becomes a C identifier and a file name)"

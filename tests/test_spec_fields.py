@@ -12,13 +12,16 @@ import copy
 import inspect
 import json
 import pickle
+import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stubcache import StubSpec, compat
 from stubcache.builder import load_inline_kwargs
 from stubcache.key import base_key
-from stubcache.spec import FIELD_NAMES, FIELDS, PASS, REQUIRED, REWRITE, spec_from_canonical
+from stubcache.spec import FIELD_NAMES, FIELDS, PASS, REQUIRED, REWRITE, _is_c_name, spec_from_canonical
 
 C_SRC = 'extern "C" int value(void) { return 1; }'
 # A fixed fingerprint, so that the key depends on the spec alone (the real one is per machine).
@@ -270,3 +273,13 @@ def test_dropin_forwards_every_torch_field(monkeypatch):
     # torch's default no_implicit_headers=False keeps the headers (the spec's None would decide)
     compat.load_inline("fwd_probe2", C_SRC, is_python_module=False)
     assert seen[-1][0].no_implicit_headers is False
+
+
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}\Z")  # the rule names and function names had to match
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.one_of(st.text(max_size=102), st.text("aZ_09é\u0131\u212a\n", max_size=102),
+                 st.from_regex(_NAME_RE, fullmatch=True)))
+def test_names_follow_the_regex_they_replaced(text):
+    assert _is_c_name(text) == bool(_NAME_RE.match(text))
