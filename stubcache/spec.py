@@ -36,7 +36,8 @@ def _str_list(value: Any, field: str) -> tuple[str, ...]:
     if value is None:
         return ()
     if isinstance(value, str):
-        _check_text(value, field)
+        if "\x00" in value or not value.isascii():
+            _check_text(value, field)
         return (value,)
     if isinstance(value, (bytes, bytearray)):
         raise TypeError(f"{field} must be str or a list of str, not bytes; decode it first")
@@ -46,7 +47,8 @@ def _str_list(value: Any, field: str) -> tuple[str, ...]:
     for item in value:
         if not isinstance(item, str):
             raise TypeError(f"{field} must contain only str, got {type(item).__name__}")
-        _check_text(item, field)
+        if "\x00" in item or not item.isascii():  # else _check_text has nothing to say
+            _check_text(item, field)
         out.append(item)
     return tuple(out)
 
@@ -63,7 +65,7 @@ def _flag_list(value: Any, field: str) -> tuple[str, ...]:
 def _check_text(text: str, field: str) -> None:
     if "\x00" in text:
         raise ValueError(f"{field} contains a NUL character")
-    if text.isascii():  # O(1) in CPython; ASCII text always encodes
+    if text.isascii():  # O(1) in CPython; ASCII text always encodes (callers test it first)
         return
     try:
         # surrogateescape: undecodable bytes of a source file read by load() are kept as such
@@ -89,7 +91,8 @@ def _functions(value: Any, field: str = "functions") -> tuple[tuple[str, str], .
             raise TypeError(f"{field} must map str names to str docstrings")
         if not _is_c_name(fname):
             raise ValueError(f"function name {fname!r} is not a C identifier")
-        _check_text(doc, f"{field} docstring")
+        if "\x00" in doc or not doc.isascii():
+            _check_text(doc, f"{field} docstring")
     if len({f for f, _ in pairs}) != len(pairs):
         raise ValueError(f"{field} lists a name twice")
     return tuple(sorted(pairs))  # binding order is irrelevant, so it must not change the key
@@ -152,8 +155,8 @@ def _pairs_to_dict(pairs: Any) -> dict | None:
     return dict(pairs) if pairs is not None else None
 
 
-def _pairs_to_lists(pairs: Any) -> list | None:
-    return [list(p) for p in pairs] if pairs is not None else None
+def _functions_key(spec: "StubSpec") -> list | None:
+    return [list(p) for p in spec.functions] if spec.functions is not None else None
 
 
 def _only_with_functions(field: str) -> Any:
@@ -210,7 +213,7 @@ FIELDS: tuple[Field, ...] = (
     Field("name",               REQUIRED, validate_name),
     Field("cpp_sources",        (),       _str_list,       list,          torch=REWRITE),
     Field("cuda_sources",       None,     _str_list,       list,          torch=REWRITE),
-    Field("functions",          None,     _functions,      _pairs_to_dict, lambda s: _pairs_to_lists(s.functions),
+    Field("functions",          None,     _functions,      _pairs_to_dict, _functions_key,
           from_key=_pairs_to_dict),  # sorted (name, docstring) pairs: binding order is irrelevant
     Field("extra_cflags",       None,     _flag_list,      list,          torch=REWRITE),
     Field("extra_cuda_cflags",  None,     _flag_list,      list,          torch=REWRITE),
