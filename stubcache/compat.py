@@ -172,7 +172,7 @@ def load_inline(
     root = default_root()
     # Repeated calls with the same arguments (engines call this per layer or per request) skip
     # validation and hashing: torch returns the already-loaded module in that case too.
-    args = locals()
+    args = locals()  # the arguments by name (functions as read above): see _FORWARDED
     memo_key = call = None
     try:
         call = tuple([_frozen(args[f]) for f in _FORWARDED])

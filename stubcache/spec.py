@@ -190,8 +190,8 @@ class Field:
 
     __slots__ = ("name", "default", "check", "data", "key", "key_name", "from_key", "torch")
 
-    def __init__(self, name: str, default: Any, check: Any, data: Any = None, key: Any = None,
-                 key_name: str | None = None, from_key: Any = None, torch: str | None = PASS) -> None:
+    def __init__(self, name: str, default: Any, check: Any, *, data: Any = None, key: Any = None,
+                 key_name: str | None = None, from_key: Any = None, torch: str | None) -> None:
         self.name = name
         self.default = default
         self.check = check
@@ -209,25 +209,23 @@ class Field:
 # not change the library gets a key rule mapping it to a constant (as is_python_module does
 # without functions), never leaves the key. docs/cache.md "Adding a spec field" says what else to do.
 FIELDS: tuple[Field, ...] = (
-    #     name                  default   check            data           key / key_name / from_key
-    Field("name",               REQUIRED, validate_name),
-    Field("cpp_sources",        (),       _str_list,       list,          torch=REWRITE),
-    Field("cuda_sources",       None,     _str_list,       list,          torch=REWRITE),
-    Field("functions",          None,     _functions,      _pairs_to_dict, _functions_key,
-          from_key=_pairs_to_dict),  # sorted (name, docstring) pairs: binding order is irrelevant
-    Field("extra_cflags",       None,     _flag_list,      list,          torch=REWRITE),
-    Field("extra_cuda_cflags",  None,     _flag_list,      list,          torch=REWRITE),
-    Field("extra_ldflags",      None,     _flag_list,      list,          torch=REWRITE),
-    Field("extra_include_paths", None,    _include_paths,  list,          torch=REWRITE),
-    Field("with_cuda",          None,     _optional_bool,  None,          attrgetter("effective_with_cuda")),
-    Field("is_python_module",   False,    _bool,           None,          _only_with_functions("is_python_module"),
-          from_key=bool, torch=REWRITE),
-    Field("with_pytorch_error_handling", True, _bool,      None,          _only_with_functions(
-          "with_pytorch_error_handling"), from_key=lambda v: v is not False),
-    Field("no_implicit_headers", None,    _optional_bool,  None,          attrgetter("skips_implicit_headers"),
+    Field("name", REQUIRED, validate_name, torch=PASS),
+    Field("cpp_sources", (), _str_list, data=list, torch=REWRITE),
+    Field("cuda_sources", None, _str_list, data=list, torch=REWRITE),
+    # sorted (name, docstring) pairs: the binding order is irrelevant, so it must not split the key
+    Field("functions", None, _functions, data=_pairs_to_dict, key=_functions_key, from_key=_pairs_to_dict,
+          torch=PASS),
+    Field("extra_cflags", None, _flag_list, data=list, torch=REWRITE),
+    Field("extra_cuda_cflags", None, _flag_list, data=list, torch=REWRITE),
+    Field("extra_ldflags", None, _flag_list, data=list, torch=REWRITE),
+    Field("extra_include_paths", None, _include_paths, data=list, torch=REWRITE),
+    Field("with_cuda", None, _optional_bool, key=attrgetter("effective_with_cuda"), torch=PASS),
+    Field("is_python_module", False, _bool, key=_only_with_functions("is_python_module"), from_key=bool,
           torch=REWRITE),
-    Field("builder",            None,     _builder,        None,          attrgetter("build_method"),
-          key_name="build_method", torch=None),
+    Field("with_pytorch_error_handling", True, _bool, key=_only_with_functions("with_pytorch_error_handling"),
+          from_key=lambda value: value is not False, torch=PASS),
+    Field("no_implicit_headers", None, _optional_bool, key=attrgetter("skips_implicit_headers"), torch=REWRITE),
+    Field("builder", None, _builder, key=attrgetter("build_method"), key_name="build_method", torch=None),
 )
 FIELD_NAMES = frozenset(f.name for f in FIELDS)
 
