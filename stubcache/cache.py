@@ -12,14 +12,18 @@ from . import _faults, _log, events, fingerprint, fsroot, progress
 from ._version import __version__
 from .errors import (BuildError, CacheMissError, IntegrityError, LockTimeoutError, StubCacheError,
                      TrustError)
+from .events import Event
 from .key import base_key, entry_key, preimage
 from .manifest import MANIFEST_NAME, Manifest
 from .mapped import check_mapped
 from .spec import StubSpec
 from .inputs import CLOCK_SLACK_NS, absent_paths, still_valid
-from .store import Store, default_root, file_sha256, inputs_memo_name
+from .store import LAYOUT, Store, default_root, file_sha256, inputs_memo_name
 from .trust import TrustPolicy, UntrustedRoot, check_dir, loader_policy, private_policy
 
+TYPE_CHECKING = False  # typing is not imported on the hit path
+if TYPE_CHECKING:
+    from .locking import HeldLock
 
 # errno values that mean "this root cannot take a build right now": degrade to a private build.
 _UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT, errno.EFBIG,
@@ -33,6 +37,7 @@ _PINS: dict[tuple[str, str], int] = {}
 _LIB_FDS: dict[str, int] = {}
 _REAL_PATHS: dict[str, str] = {}  # entry path -> the real path it was first loaded by
 _VERIFIED: dict[str, tuple] = {}
+_BASE_KEYS_MAX = 64  # specs whose base key a cache remembers (see StubCache._new_base_key)
 
 
 class Entry:
@@ -92,6 +97,31 @@ def _require_hit_error(spec: StubSpec, base: str, root: str) -> CacheMissError:
         "warm it with `stubcache warm` or unset STUBCACHE_REQUIRE_HIT")
 
 
+def root_policy(root: str) -> TrustPolicy | None:
+    """The trust policy for loading from the cache root ``root`` as this user, after checking the
+    root, its ``v1/`` and ``v1/entries/`` directories by it; ``None`` if the root does not exist
+    (yet). Raises :class:`UntrustedRoot` if this user has not chosen to trust the root, or if it
+    is unsafe (a link, writable by others, a bad config): not an error for an engine, a root it
+    does not use."""
+    try:
+        os.lstat(root)
+    except OSError:
+        return None  # missing (created on first build) or unreachable (degrades)
+    try:
+        policy = loader_policy(root)
+        base = os.path.join(root, LAYOUT)
+        for path in (root, base, os.path.join(base, "entries")):
+            try:
+                check_dir(path, "cache directory", policy)
+            except FileNotFoundError:
+                pass
+    except UntrustedRoot:
+        raise
+    except TrustError as exc:
+        raise UntrustedRoot(str(exc), "fix it as the message says, or run `stubcache doctor --fix`") from None
+    return policy
+
+
 class StubCache:
     """A content-addressed cache of built stubs under one root directory.
 
@@ -109,17 +139,21 @@ class StubCache:
 
     def __init__(self, root: str | os.PathLike | None = None, *, lock_timeout: float | None = None,
                  seeds: list[str] | None = None) -> None:
-        self.store = Store(os.fspath(root) if root is not None else default_root())
+        root = os.path.abspath(os.fspath(root) if root is not None else default_root())
+        self._policies: dict[str, TrustPolicy] = {}
+        self._untrusted: dict[str, UntrustedRoot] = {}
+        self.store = Store(root, self._store_policy(root))
         self.root = self.store.root
+        # Read-only stores: nothing is created there, so they need no policy for modes; their
+        # trust is checked where an entry is found (see _lookup_at).
         self.seeds = [Store(s) for s in (seed_roots() if seeds is None else seeds)]
         self._lock_timeout = lock_timeout
         self._memo: dict[str, Entry] = {}
+        self._base_keys: dict[StubSpec, tuple[dict, str]] = {}  # spec (by identity) -> (fingerprint, key)
         self._verified = _VERIFIED
         self._pins = _PINS
         self._lib_fds = _LIB_FDS
         self._cap_pending = False  # this instance published: check the size cap after the locks
-        self._policies: dict[str, TrustPolicy] = {}
-        self._untrusted: dict[str, UntrustedRoot] = {}
         self._mutex = _PROCESS_LOCK
         self._key_locks: dict[str, threading.Lock] = {}
         # The fleet tier (docs/remote.md): settings checked now, client made on the first miss.
@@ -152,12 +186,11 @@ class StubCache:
         if not isinstance(spec, StubSpec):
             raise TypeError(f"get_or_build expects a StubSpec, got {type(spec).__name__}")
         fp = self._fingerprint(spec)
-        cached = spec._base_key
-        if cached is not None and cached[0] is fp:
-            base = cached[1]
+        known = self._base_keys.get(spec)
+        if known is not None and known[0] is fp:
+            base = known[1]
         else:
-            base = base_key(spec.canonical(), fp)
-            spec._base_key = (fp, base)
+            base = self._new_base_key(spec, fp)
         if not spec.tracks_headers:
             memo = self._memo.get(base)
             if memo is not None:
@@ -215,6 +248,17 @@ class StubCache:
 
     # --- internals ---------------------------------------------------------------------------
 
+    def _new_base_key(self, spec: StubSpec, fp: dict) -> str:
+        """The base key of ``spec``, remembered for this very spec object (a spec is immutable)
+        while the fingerprint is the same object. At most ``_BASE_KEYS_MAX`` specs are kept: a
+        caller that makes a new spec per call (the ``load_inline`` drop-in) gains nothing from it,
+        and must not make the memo grow."""
+        base = base_key(spec.canonical(), fp)
+        if len(self._base_keys) >= _BASE_KEYS_MAX:
+            self._base_keys.clear()
+        self._base_keys[spec] = (fp, base)
+        return base
+
     def _key_lock(self, base: str) -> threading.Lock:
         lock = self._key_locks.get(base)
         if lock is None:
@@ -223,7 +267,7 @@ class StubCache:
         return lock
 
     def _fingerprint(self, spec: StubSpec) -> dict:
-        if not self.store._ready:
+        if not self.store.ready:
             try:
                 self.store.ensure()
             except OSError:
@@ -243,141 +287,198 @@ class StubCache:
 
         return self._lock_timeout if self._lock_timeout is not None else locking.lock_timeout_from_env()
 
+    def _store_policy(self, root: str) -> TrustPolicy | None:
+        """The policy the local store is made with (its files' modes): the root's, checked now
+        (:meth:`_root_policy`); ``None`` (private modes) for a root that is not trusted or cannot
+        be checked, which get_or_build checks again and reports where it uses the root."""
+        try:
+            return self._root_policy(root)
+        except (TrustError, OSError):
+            return None
+
     def _policy(self, store: Store) -> TrustPolicy:
-        """The trust policy of a store, after checking its root directories (once per process).
-        Raises :class:`UntrustedRoot` if this user has not chosen to trust the root."""
-        policy = self._policies.get(store.root)
+        """The trust policy of a store (see :meth:`_root_policy`)."""
+        return self._root_policy(store.root)
+
+    def _root_policy(self, root: str) -> TrustPolicy:
+        """The trust policy of a root, after checking its root directories (once per process,
+        see :func:`root_policy`). Raises :class:`UntrustedRoot` if this user has not chosen to
+        trust the root; a missing root gets the private policy and is checked again next time."""
+        policy = self._policies.get(root)
         if policy is None:
-            known = self._untrusted.get(store.root)
+            known = self._untrusted.get(root)
             if known is not None:
                 raise known
             try:
-                os.lstat(store.root)
-            except OSError:
-                return private_policy()  # missing (created on first build) or unreachable (degrades)
-            try:
-                policy = loader_policy(store.root)
-                for path in (store.root, store.base, store.path("entries")):
-                    try:
-                        check_dir(path, "cache directory", policy)
-                    except FileNotFoundError:
-                        pass
+                policy = root_policy(root)
             except UntrustedRoot as exc:
-                self._untrusted[store.root] = exc
+                self._untrusted[root] = exc
                 raise
-            except TrustError as exc:
-                # The root itself is unsafe (a link, writable by others, a bad config): not an
-                # error for the engine, a root it does not use (one warning, private builds).
-                err = UntrustedRoot(str(exc), "fix it as the message says, or run `stubcache doctor --fix`")
-                self._untrusted[store.root] = err
-                raise err from None
-            store.shared = policy.shared
-            self._policies[store.root] = policy
+            if policy is None:
+                return private_policy()
+            self._policies[root] = policy
         return policy
 
     def _event(self, ev: str, key: str, seconds: float | None = None, **extra) -> None:
+        """Record an :class:`~stubcache.events.Event` in this root (``None`` values left out)."""
         extra = {k: v for k, v in extra.items() if v is not None}
         events.record(self.store.path("events"), ev, key, seconds,
                       file_mode=events.file_mode(self.store.shared), **extra)
 
+    # --- get_or_build, step by step: look up, wait, look again, build, publish; or degrade ------
+
     def _get_or_build(self, spec: StubSpec, base: str) -> Entry:
+        """The steps of :meth:`get_or_build` once the key is known (under this process's lock for
+        it): look up; on a miss wait for the key's build lock, look again, then build (or fetch
+        from the fleet) and publish. A root that cannot be used (not trusted, not writable, its
+        lock held past the timeout) degrades to a private build."""
         t_start = time.time()
         try:
-            self._policy(self.store)  # checks the root, learns whether it is shared
+            found = self._look_up(spec, base)
         except UntrustedRoot as exc:
             return self._untrusted_root(spec, base, exc)
-        found = self._lookup_all(spec, base)
-        if isinstance(found, Entry):
-            self._event("hit", found.key, name=spec.name, seed=found.seed or None)
+        if found is not None:
             return found
         require_hit = _env_flag("STUBCACHE_REQUIRE_HIT")
         if require_hit and self._remote_config is None:
             raise _require_hit_error(spec, base, self.root)
-        from . import locking
-
         # One bound for the whole start: time already spent waiting for a pin counts against it.
         timeout = max(self._lock_timeout_s() - (time.time() - t_start), 0.0)
         t_wait = time.time()
-        def published() -> bool:
-            return bool(self.store.variant_keys(base)) or os.path.isdir(self.store.entry_dir(base))
         try:
-            self.store.ensure()
-            with progress.status(lambda: f"waiting for {locking.describe_holder(self.store, base)}"):
-                lock = locking.acquire(self.store, base, timeout, spec.name, published)
-            if lock is None:  # published while we waited: a plain lookup, no lock queue
-                found = self._lookup(self.store, spec, base)
-                if isinstance(found, Entry):
-                    self._event("wait", base, time.time() - t_wait, name=spec.name)
-                    self._event("hit", found.key, name=spec.name, after_wait=True)
-                    return found
-                lock = locking.acquire(self.store, base, max(timeout - (time.time() - t_wait), 0.0), spec.name)
+            lock = self._wait(spec, base, timeout, t_wait)
         except LockTimeoutError as exc:
-            _log.warning("stubcache: %s; building privately without publishing", exc)
-            self._event("lock_timeout", base, time.time() - t_wait, name=spec.name)
-            return self._private_build(spec, base, reason=str(exc))
+            return self._lock_timed_out(spec, base, exc, t_wait)
         except OSError as exc:
             if exc.errno in _UNWRITABLE:
                 return self._degraded(spec, base, exc)
             raise
+        if isinstance(lock, Entry):
+            return lock  # published by another process while this one waited
         try:
-            waited = time.time() - t_wait
-            if waited > 0.05:
-                self._event("wait", base, waited, name=spec.name)
-            found = self._lookup(self.store, spec, base)
-            if isinstance(found, Entry):
-                self._event("hit", found.key, name=spec.name, after_wait=True)
+            found = self._look_again(spec, base, t_wait)
+            if found is not None:
                 return found
-            if isinstance(found, _Corrupt):
-                try:
-                    self.store.quarantine(found.key, found.reason)
-                except OSError as exc:
-                    return self._degraded(spec, base, exc)
-                self._event("quarantine", found.key, reason=found.reason)
-            from .values import finite
-
-            failure = self.store.read_failure(base)
-            # A failure recorded while we waited; a time in the future (clock skew, or a hostile
-            # member) proves nothing and must not block the key.
-            failed_at = finite(failure.get("time"), t_wait, time.time() + 1.0) if failure else None
-            if failed_at is not None:
-                raise BuildError(
-                    f"Error building extension '{spec.name}' (failed in pid {failure.get('pid')} while this "
-                    "process waited)", output=str(failure.get("output", ""))[-(256 << 10):], key=base,
-                    name=spec.name)
-            self._event("miss", base, name=spec.name)
-            claim = None
-            try:
-                self.store.clear_failure(base)
-                self.store.write_lease(base, spec.name)  # waiters on this host see who is at work
-                if self._remote_config is not None and not spec.tracks_headers:
-                    budget = max(timeout - (time.time() - t_wait), 0.0)
-                    got = self._remote_tier().fetch_or_claim(
-                        base, preimage(spec.canonical(), self._fingerprint(spec)), spec.name, budget,
-                        may_build=not require_hit)
-                    from .remote.tier import Fetched
-
-                    if isinstance(got, Fetched):
-                        return self._publish_fetched(spec, base, got)
-                    claim = got  # this host builds for the fleet (or None: build, no upload)
-                if require_hit:
-                    raise _require_hit_error(spec, base, self.root)
-                with progress.status(lambda: f"building {spec.name} ({spec.build_method} build)"):
-                    entry = self._build_and_publish(spec, base)
-                if claim is not None:
-                    claim.upload(entry.manifest, entry.path)  # after the local publish
-                return entry
-            except OSError as exc:
-                if exc.errno in _UNWRITABLE:
-                    return self._degraded(spec, base, exc)
-                raise
-            finally:
-                try:
-                    self.store.clear_lease(base)
-                finally:  # even if that fails: a live heartbeat would hold the key for the fleet
-                    if claim is not None:
-                        claim.release()
+            self._event(Event.MISS, base, name=spec.name)
+            return self._build(spec, base, timeout, t_wait, require_hit)
         finally:
             lock.release()
+
+    def _look_up(self, spec: StubSpec, base: str) -> Entry | None:
+        """Look up: the seed stores, then this root, after checking that this user trusts it
+        (:class:`UntrustedRoot` if not). Records a hit; ``None`` on a miss (a corrupt entry is
+        left to :meth:`_look_again`, under the key's lock)."""
+        self._policy(self.store)  # checks the root (once)
+        found = self._lookup_all(spec, base)
+        if not isinstance(found, Entry):
+            return None
+        self._event(Event.HIT, found.key, name=spec.name, seed=found.seed or None)
+        return found
+
+    def _wait(self, spec: StubSpec, base: str, timeout: float, t_wait: float) -> "Entry | HeldLock":
+        """Wait, at most ``timeout`` seconds, for the key's build lock. Returns the held lock, or
+        the entry if another process published it meanwhile (a hit after the wait, without
+        queueing on the lock). Raises :class:`LockTimeoutError` past the bound, ``OSError`` where
+        the root cannot take a lock."""
+        from . import locking
+
+        def published() -> bool:
+            return bool(self.store.variant_keys(base)) or os.path.isdir(self.store.entry_dir(base))
+
+        self.store.ensure()
+        with progress.status(lambda: f"waiting for {locking.describe_holder(self.store, base)}"):
+            lock = locking.acquire(self.store, base, timeout, spec.name, published)
+        if lock is None:  # published while we waited: a plain lookup, no lock queue
+            found = self._lookup(self.store, spec, base)
+            if isinstance(found, Entry):
+                self._event(Event.WAIT, base, time.time() - t_wait, name=spec.name)
+                self._event(Event.HIT, found.key, name=spec.name, after_wait=True)
+                return found
+            lock = locking.acquire(self.store, base, max(timeout - (time.time() - t_wait), 0.0), spec.name)
+        return lock
+
+    def _look_again(self, spec: StubSpec, base: str, t_wait: float) -> Entry | None:
+        """Look again, holding the key's build lock: the entry if another process published it
+        while this one waited, else ``None`` (build it). A corrupt entry is quarantined (where
+        the root cannot take that, the private build is returned); a build that failed while
+        this process waited raises its :class:`BuildError` here."""
+        waited = time.time() - t_wait
+        if waited > 0.05:
+            self._event(Event.WAIT, base, waited, name=spec.name)
+        found = self._lookup(self.store, spec, base)
+        if isinstance(found, Entry):
+            self._event(Event.HIT, found.key, name=spec.name, after_wait=True)
+            return found
+        if isinstance(found, _Corrupt):
+            try:
+                self.store.quarantine(found.key, found.reason)
+            except OSError as exc:
+                return self._degraded(spec, base, exc)
+            self._event(Event.QUARANTINE, found.key, reason=found.reason)
+        from .values import finite
+
+        failure = self.store.read_failure(base)
+        # A failure recorded while we waited; a time in the future (clock skew, or a hostile
+        # member) proves nothing and must not block the key.
+        failed_at = finite(failure.get("time"), t_wait, time.time() + 1.0) if failure else None
+        if failed_at is not None:
+            raise BuildError(
+                f"Error building extension '{spec.name}' (failed in pid {failure.get('pid')} while this "
+                "process waited)", output=str(failure.get("output", ""))[-(256 << 10):], key=base,
+                name=spec.name)
+        return None
+
+    def _build(self, spec: StubSpec, base: str, timeout: float, t_wait: float, require_hit: bool) -> Entry:
+        """Build, holding the key's build lock, with a lease that tells waiters who is at work:
+        from the fleet's remote store if it has the entry (:meth:`_fetch_or_claim`), else here,
+        then publish (and upload, for a fleet-wide claim). A root that cannot take the build
+        degrades to a private one."""
+        claim = None
+        try:
+            self.store.clear_failure(base)
+            self.store.write_lease(base, spec.name)  # waiters on this host see who is at work
+            if self._remote_config is not None and not spec.tracks_headers:
+                got = self._fetch_or_claim(spec, base, max(timeout - (time.time() - t_wait), 0.0), require_hit)
+                if isinstance(got, Entry):
+                    return got
+                claim = got  # this host builds for the fleet (or None: build, no upload)
+            if require_hit:
+                raise _require_hit_error(spec, base, self.root)
+            with progress.status(lambda: f"building {spec.name} ({spec.build_method} build)"):
+                entry = self._build_and_publish(spec, base)
+            if claim is not None:
+                claim.upload(entry.manifest, entry.path)  # after the local publish
+            return entry
+        except OSError as exc:
+            if exc.errno in _UNWRITABLE:
+                return self._degraded(spec, base, exc)
+            raise
+        finally:
+            try:
+                self.store.clear_lease(base)
+            finally:  # even if that fails: a live heartbeat would hold the key for the fleet
+                if claim is not None:
+                    claim.release()
+
+    def _fetch_or_claim(self, spec: StubSpec, base: str, budget: float, require_hit: bool):
+        """Ask the remote tier: the entry, published here from a verified blob; else this host's
+        fleet-wide claim to build it (``None``: build without uploading)."""
+        got = self._remote_tier().fetch_or_claim(
+            base, preimage(spec.canonical(), self._fingerprint(spec)), spec.name, budget,
+            may_build=not require_hit)
+        from .remote.tier import Fetched
+
+        if isinstance(got, Fetched):
+            return self._publish_fetched(spec, base, got)
+        return got
+
+    # --- degrade: a private build, loaded from a temporary directory, never published ----------
+
+    def _lock_timed_out(self, spec: StubSpec, base: str, exc: LockTimeoutError, t_wait: float) -> Entry:
+        """Another process held the key's build past the bound: build privately (one warning)."""
+        _log.warning("stubcache: %s; building privately without publishing", exc)
+        self._event(Event.LOCK_TIMEOUT, base, time.time() - t_wait, name=spec.name)
+        return self._private_build(spec, base, reason=str(exc))
 
     def _untrusted_root(self, spec: StubSpec, base: str, exc: UntrustedRoot) -> Entry:
         """A root this user has not chosen to trust: seeds, else a private build (one warning)."""
@@ -402,6 +503,8 @@ class StubCache:
             _log.warning("stubcache: cannot write the cache at %s (%s); building privately, nothing is "
                          "shared until this is fixed (see `stubcache doctor`)", self.root, exc)
         return self._private_build(spec, base, reason=str(exc))
+
+    # --- looking up: every entry is checked (trust, shape, checksum) before it is returned --------
 
     def _lookup_all(self, spec: StubSpec, base: str) -> "Entry | _Corrupt | None":
         for seed in self.seeds:
@@ -449,7 +552,7 @@ class StubCache:
 
     def _sig_memo(self, store: Store, key: str) -> str | None:
         """Where this root remembers re-checked signatures of an entry's tracked files."""
-        if not self.store._ready:
+        if not self.store.ready:
             return None
         if store is self.store:
             tag = key
@@ -534,7 +637,7 @@ class StubCache:
         try:
             st = os.fstat(fd)
             if policy is None:
-                policy = self._policy(Store(entry.root)) if entry.root else private_policy()
+                policy = self._root_policy(entry.root) if entry.root else private_policy()
             policy.check(st, entry.path, "library")
             ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
             if self._verified.get(entry.path) != ident:
@@ -569,6 +672,8 @@ class StubCache:
         if keep != fd:
             os.close(fd)
 
+    # --- building and publishing -----------------------------------------------------------------
+
     def _manifest_for(self, spec: StubSpec, base: str, result, sha: str, size: int) -> Manifest:
         key = entry_key(base, result.headers, absent_paths(result.inputs))
         return Manifest(
@@ -581,26 +686,15 @@ class StubCache:
         )
 
     def _build_and_publish(self, spec: StubSpec, base: str, retry: bool = True) -> Entry:
-        from .builder import build
-
+        """Build in a fresh staging directory, then publish. A build during which an input changed
+        is published under no key: built once more, then privately."""
         staging = self.store.new_staging(base)
         try:
-            build_dir = os.path.join(staging, "build")
-            fsroot.mkdir_mode(build_dir, self.store.mode(0o700, 0o2770))  # shared: the owner can clean it
-            try:
-                result = build(spec, build_dir)
-            except BuildError as exc:
-                exc.key = base
-                if "No space left on device" in (exc.output or ""):
-                    raise OSError(errno.ENOSPC, f"no space left while building {spec.name!r}") from exc
-                self.store.record_failure(base, exc.output or str(exc))
-                self._event("fail", base, name=spec.name)
-                raise
-            _faults.point("after_build")
+            result = self._compile(spec, base, staging)
             if result.unstable:
                 # An input changed while the compiler ran: the library may hold either version,
                 # so it is published under no key. Once more, then privately.
-                self._event("unstable_inputs", base, name=spec.name, files=len(result.unstable))
+                self._event(Event.UNSTABLE_INPUTS, base, name=spec.name, files=len(result.unstable))
                 _log.warning("stubcache: %s changed during the build of %r; not publishing it",
                              ", ".join(result.unstable[:3]), spec.name)
                 if retry:
@@ -615,17 +709,46 @@ class StubCache:
             os.rename(result.library, lib)
             manifest = self._manifest_for(spec, base, result, file_sha256(lib), os.path.getsize(lib))
             _faults.point("before_publish")
-            self._pin(manifest.key)  # pinned before it becomes visible: prune cannot take it in between
-            self.store.publish(staged_entry, manifest)  # False: an existing entry won
-            self._cap_pending = True
+            self._publish(staged_entry, manifest)
             _faults.point("after_publish")
-            self._event("build", manifest.key, result.seconds, name=spec.name, method=result.method)
-            found = self._lookup(self.store, spec, base)
-            if not isinstance(found, Entry):
-                raise StubCacheError(f"entry {manifest.key} vanished right after publishing")
-            return found
+            self._event(Event.BUILD, manifest.key, result.seconds, name=spec.name, method=result.method)
+            return self._look_up_published(spec, base, manifest.key)
         finally:
             self.store.rmtree(staging)
+
+    def _compile(self, spec: StubSpec, base: str, staging: str):
+        """Run the builder in ``<staging>/build``. A failed build is recorded for the processes
+        waiting on the key and raised (:class:`BuildError`; ``OSError`` ENOSPC for a full disk)."""
+        from .builder import build
+
+        build_dir = os.path.join(staging, "build")
+        fsroot.mkdir_mode(build_dir, self.store.mode(0o700, 0o2770))  # shared: the owner can clean it
+        try:
+            result = build(spec, build_dir)
+        except BuildError as exc:
+            exc.key = base
+            if "No space left on device" in (exc.output or ""):
+                raise OSError(errno.ENOSPC, f"no space left while building {spec.name!r}") from exc
+            self.store.record_failure(base, exc.output or str(exc))
+            self._event(Event.FAIL, base, name=spec.name)
+            raise
+        _faults.point("after_build")
+        return result
+
+    def _publish(self, staged_entry: str, manifest: Manifest) -> None:
+        """Publish a complete staged entry (by one rename; an existing entry of the key wins),
+        pinned before it becomes visible, so that prune cannot take it in between."""
+        self._pin(manifest.key)
+        self.store.publish(staged_entry, manifest)  # False: an existing entry won
+        self._cap_pending = True
+
+    def _look_up_published(self, spec: StubSpec, base: str, key: str) -> Entry:
+        """The entry just published, looked up (and so verified) from the root, like any hit:
+        nothing loads from a staging or temporary copy."""
+        found = self._lookup(self.store, spec, base)
+        if not isinstance(found, Entry):
+            raise StubCacheError(f"entry {key} vanished right after publishing")
+        return found
 
     def _remote_tier(self):
         if self._remote is None:
@@ -646,13 +769,8 @@ class StubCache:
             fsroot.mkdir_mode(staged_entry, self.store.mode(0o700, 0o2770))
             with fsroot.Dir(staged_entry) as efd:
                 locking.write_file(efd, manifest.library, fetched.library, mode=0o600, exclusive=True)
-            self._pin(manifest.key)
-            self.store.publish(staged_entry, manifest)  # False: an existing entry won
-            self._cap_pending = True
-            found = self._lookup(self.store, spec, base)  # verifies the published copy again
-            if not isinstance(found, Entry):
-                raise StubCacheError(f"entry {manifest.key} vanished right after publishing")
-            return found
+            self._publish(staged_entry, manifest)
+            return self._look_up_published(spec, base, manifest.key)  # verifies the published copy again
         finally:
             self.store.rmtree(staging)
 
@@ -671,5 +789,5 @@ class StubCache:
             result = build(spec, build_dir)
         manifest = self._manifest_for(spec, base, result, file_sha256(result.library),
                                       os.path.getsize(result.library))
-        self._event("private_build", manifest.key, result.seconds, name=spec.name, reason=reason)
+        self._event(Event.PRIVATE_BUILD, manifest.key, result.seconds, name=spec.name, reason=reason)
         return Entry(manifest.key, result.library, manifest, published=False)

@@ -181,7 +181,7 @@ def fix_permissions(root: str) -> list[str]:
     from .trust import load_policy
 
     policy = load_policy(root)
-    store = Store(root, shared=policy.shared)
+    store = Store(root, policy)
     done = []
     if policy.shared and os.path.isdir(store.base):
         try:

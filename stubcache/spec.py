@@ -269,11 +269,11 @@ class StubSpec:
             ``"direct"`` is refused for specs that need torch headers, a Python module or CUDA.
 
     Invalid input raises ``TypeError``/``ValueError`` here, before anything touches disk. A
-    spec is immutable (its key is memoised on it): use :meth:`replace` for a changed copy.
+    spec is immutable (a cache remembers its key): use :meth:`replace` for a changed copy.
     """
 
     __slots__ = tuple(f.name for f in FIELDS) + (
-        "_canonical", "_base_key",
+        "_canonical",
         "_mentions", "_host_targets", "_tool_flags",
     )
 
@@ -298,7 +298,6 @@ class StubSpec:
         args = locals()
         _set = object.__setattr__  # immutable: every field is set once, here (see __setattr__)
         _set(self, "_canonical", None)
-        _set(self, "_base_key", None)
         _set(self, "_mentions", None)
         for field, check, default, stored_default in _CHECKS:
             value = args[field]
@@ -318,9 +317,9 @@ class StubSpec:
             raise ValueError("a stub needs at least one of cpp_sources or cuda_sources")
 
     def __setattr__(self, name: str, value: Any) -> None:
-        # A spec memoises its canonical form and key: a field changed after use would keep the
+        # A spec memoises its canonical form (a cache, its key): a field changed after use would keep the
         # old key and serve the old library. Only the private memo slots may be (re)set.
-        if name in ("_base_key", "_canonical", "_mentions"):
+        if name in ("_canonical", "_mentions"):
             object.__setattr__(self, name, value)
             return
         raise AttributeError(f"StubSpec is immutable: cannot set {name!r}; build a new StubSpec instead")

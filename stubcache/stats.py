@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 from . import fsroot, locking
+from .events import Event
 from .scan import EntryRecord
 from .values import MAX_SECONDS, count, finite
 
@@ -54,35 +55,41 @@ class EventTotals:
         if t is not None:
             self.first_event = t if self.first_event is None else min(self.first_event, t)
             self.last_event = t if self.last_event is None else max(self.last_event, t)
-        if ev == "hit":
+        if ev == Event.HIT:
             self.hits += 1
             self.hits_by_key[key] = self.hits_by_key.get(key, 0) + 1
-        elif ev == "miss":
+        elif ev == Event.MISS:
             self.misses += 1
-        elif ev == "build":
+        elif ev == Event.BUILD:
             self.builds += 1
             self.build_seconds += s
             self.build_seconds_by_key[key] = s
-        elif ev == "wait":
+        elif ev == Event.WAIT:
             self.waits += 1
             self.wait_seconds += s
-        elif ev == "fail":
+        elif ev == Event.FAIL:
             self.failed_builds += 1
-        elif ev == "quarantine":
+        elif ev == Event.QUARANTINE:
             self.quarantined += 1
-        elif ev == "lock_timeout":
+        elif ev == Event.LOCK_TIMEOUT:
             self.lock_timeouts += 1
             self.wait_seconds += s
-        elif ev == "private_build":
+        elif ev == Event.PRIVATE_BUILD:
             self.private_builds += 1
             self.private_build_seconds += s
         elif ev in REMOTE_EVENTS:
             self.remote.add(ev, rec, s)
-        elif ev == "archive":
+        elif ev == Event.ARCHIVE:
             self.processes += count(rec.get("processes"), 0, 1 << 40) or 0
 
 
-REMOTE_EVENTS = frozenset(("remote_hit", "remote_miss", "upload", "remote_rejected", "lease_wait", "remote_error"))
+REMOTE_EVENTS = frozenset((Event.REMOTE_HIT, Event.REMOTE_MISS, Event.UPLOAD, Event.REMOTE_REJECTED,
+                           Event.LEASE_WAIT, Event.REMOTE_ERROR))
+# Every Event is in exactly one of these two (tests/test_stats.py checks it): the ones EventTotals.add
+# folds into a figure, and the ones recorded only for a reader of the files.
+COUNTED_EVENTS = frozenset((Event.HIT, Event.MISS, Event.BUILD, Event.WAIT, Event.FAIL, Event.QUARANTINE,
+                            Event.LOCK_TIMEOUT, Event.PRIVATE_BUILD, Event.ARCHIVE)) | REMOTE_EVENTS
+UNCOUNTED_EVENTS = frozenset((Event.UNSTABLE_INPUTS,))
 
 
 @dataclass
@@ -104,23 +111,23 @@ class RemoteTotals:
 
     def add(self, ev: str, rec: dict[str, Any], s: float) -> None:
         n = count(rec.get("bytes")) or 0  # event files are written by others: range-checked
-        if ev == "remote_hit":
+        if ev == Event.REMOTE_HIT:
             self.hits += 1
             self.bytes_downloaded += n
             self.download_seconds += s
-        elif ev == "remote_miss":
+        elif ev == Event.REMOTE_MISS:
             self.misses += 1
-        elif ev == "upload":
+        elif ev == Event.UPLOAD:
             self.uploads += 1
             self.bytes_uploaded += n
-        elif ev == "remote_rejected":
+        elif ev == Event.REMOTE_REJECTED:
             self.rejected_blobs += 1
-        elif ev == "lease_wait":
+        elif ev == Event.LEASE_WAIT:
             self.lease_waits += 1
             self.lease_wait_seconds += s
             if rec.get("outcome") == "takeover":
                 self.lease_takeovers += 1
-        elif ev == "remote_error":
+        elif ev == Event.REMOTE_ERROR:
             self.errors += 1
 
     def rounded(self) -> "RemoteTotals":
@@ -142,9 +149,12 @@ def fold_lines(lines: Iterable[bytes], totals: EventTotals) -> None:
             totals.bad_lines += 1
 
 
+_ARCHIVE_START = b'{"ev":"%s"' % Event.ARCHIVE.encode()  # the header line compact_events writes
+
+
 def _archive_header(data: bytes) -> dict | None:
     first = data.split(b"\n", 1)[0]
-    if not first.startswith(b'{"ev":"archive"'):
+    if not first.startswith(_ARCHIVE_START):
         return None
     try:
         rec = json.loads(first)
@@ -284,7 +294,7 @@ def compact_events(events_dir: str, lock_path: str, file_mode: int = 0o600) -> i
                 processes += 1
             chunks.extend(ln for ln in data.split(b"\n") if ln.strip())
         names = [n for n, _ in files]
-        header_line = json.dumps({"ev": "archive", "processes": processes, "merged": names},
+        header_line = json.dumps({"ev": Event.ARCHIVE, "processes": processes, "merged": names},
                                  separators=(",", ":")).encode()
         out = f"{ARCHIVE_PREFIX}{int(time.time())}-{os.getpid()}-{os.urandom(6).hex()}.jsonl"
         locking.write_file(dfd, out, b"\n".join([header_line, *chunks]) + b"\n", mode=event_file_mode(shared),

@@ -26,6 +26,7 @@ import time
 from . import _log, fsroot, locking
 from .fsroot import check_name
 from .manifest import MANIFEST_NAME, Manifest
+from .trust import TrustPolicy
 
 LAYOUT = "v1"
 SUBDIRS = ("entries", "variants", "staging", "locks", "leases", "failures", "pins",
@@ -77,12 +78,22 @@ def default_root() -> str:
 
 
 class Store:
-    """Paths and primitive operations of one cache root. No policy lives here."""
+    """Paths and primitive operations of one cache root.
 
-    def __init__(self, root: str, *, shared: bool = False) -> None:
+    Args:
+        root: the cache root.
+        policy: the root's trust policy, given once here: a shared root's policy makes every
+            file and directory this store creates usable by the group (``g+rw``, setgid
+            directories). ``None`` (a root not checked, missing, or not trusted): private modes.
+
+    Deciding whether to trust a root is not the store's job (see :mod:`stubcache.trust`).
+    """
+
+    def __init__(self, root: str, policy: TrustPolicy | None = None) -> None:
         self.root = os.path.abspath(root)
         self.base = os.path.join(self.root, LAYOUT)
-        self.shared = shared  # group-shared root: files others in the group must use get g+rw
+        self._policy = policy
+        self._shared = policy is not None and policy.shared
         self._ready = False
         self._base_fd = -1  # v1/, opened once without following links (see dir())
 
@@ -107,8 +118,24 @@ class Store:
                 fd = self._base_fd
         return fd
 
+    @property
+    def policy(self) -> TrustPolicy | None:
+        """The trust policy this store was made with (``None``: private modes)."""
+        return self._policy
+
+    @property
+    def shared(self) -> bool:
+        """Whether this is a group-shared root: files it creates get the group's modes."""
+        return self._shared
+
+    @property
+    def ready(self) -> bool:
+        """Whether :meth:`ensure` has found or made the whole layout (in this process)."""
+        return self._ready
+
     def mode(self, private: int, shared: int) -> int:
-        return shared if self.shared else private
+        """``shared`` in a group-shared root, else ``private``."""
+        return shared if self._shared else private
 
     # --- paths -------------------------------------------------------------------------------
 

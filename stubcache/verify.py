@@ -106,7 +106,8 @@ def verify_store(store: Store, quarantine: bool = True, progress=None) -> list[V
 
     results = []
     policy = load_policy(store.root)
-    store.shared = policy.shared
+    if store.shared != policy.shared:  # a store made without the root's policy: files get its modes
+        store = Store(store.root, policy)
     keys = store.entry_keys()
     for key in keys:
         if progress is not None:
@@ -115,7 +116,7 @@ def verify_store(store: Store, quarantine: bool = True, progress=None) -> list[V
         if res.status == "bad" and quarantine:
             res = _quarantine_locked(store, key, policy, res)
             if res.quarantined_to:
-                events.record(store.path("events"), "quarantine", key, reason=res.detail, by="verify",
+                events.record(store.path("events"), events.Event.QUARANTINE, key, reason=res.detail, by="verify",
                               file_mode=events.file_mode(store.shared))
         results.append(res)
     return results

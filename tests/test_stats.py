@@ -3,12 +3,18 @@ and the compaction of finished processes' files into one archive (by ``prune``).
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import glob
 import json
 import os
 import signal
 import subprocess
 import sys
 
+import stubcache
+from stubcache.events import EVENTS, Event
+from stubcache.stats import COUNTED_EVENTS, UNCOUNTED_EVENTS, EventTotals
 from stubcache.store import Store
 
 from .conftest import run_py, spawn_py
@@ -50,6 +56,20 @@ def test_stats_add_up_across_processes_including_a_killed_one(cache_root, cxx):
     assert s["processes"] == 6 and s["bad_lines"] == 1
     assert s["build_seconds"] > 0 and s["saved_seconds"] > 0
     assert s["failed_builds"] == 0 and s["hit_rate"] == round(s["hits"] / (s["hits"] + s["misses"]), 4)
+    assert_recorded_names_are_known(store)
+
+
+def assert_recorded_names_are_known(store: Store) -> None:
+    """Every event name the processes wrote is one that stats knows."""
+    names = set()
+    for path in glob.glob(os.path.join(store.path("events"), "*.jsonl")):
+        with open(path, "rb") as fh:
+            for line in fh:
+                try:
+                    names.add(json.loads(line)["ev"])
+                except ValueError:
+                    pass  # the torn line planted above
+    assert names and names <= COUNTED_EVENTS | UNCOUNTED_EVENTS, names - (COUNTED_EVENTS | UNCOUNTED_EVENTS)
 
 
 def test_stats_counts_failed_builds_and_handles_an_empty_root(cache_root, cxx):
@@ -63,6 +83,7 @@ def test_stats_counts_failed_builds_and_handles_an_empty_root(cache_root, cxx):
     assert bad.communicate(timeout=120)[0].strip() == "failed"
     s = cli_json(cache_root, "stats")
     assert s["failed_builds"] == 1 and s["builds"] == 0 and s["entries"] == 0
+    assert_recorded_names_are_known(Store(str(cache_root)))
     empty = cli_json(cache_root.parent / "nothing-here", "stats")
     assert empty["entries"] == 0 and empty["hits"] == 0 and empty["hit_rate"] is None
     assert run_cli(cache_root, "stats").returncode == 0
@@ -152,3 +173,58 @@ def test_compaction_leaves_a_live_process_file_alone(cache_root):
     finally:
         live.kill()
         live.wait()
+
+
+def test_stats_knows_every_event_name():
+    """Each :class:`Event` is either folded into a figure by ``EventTotals.add`` (and then it
+    changes the totals) or listed as recorded-only (and then it changes no figure)."""
+    assert COUNTED_EVENTS | UNCOUNTED_EVENTS == EVENTS and not COUNTED_EVENTS & UNCOUNTED_EVENTS
+    assert len(EVENTS) == len([k for k in vars(Event) if k.isupper()])  # no two names share a value
+    empty = dataclasses.asdict(EventTotals())
+    for name in EVENTS:
+        totals = EventTotals()
+        totals.add({"ev": name, "key": "k", "s": 1.5, "bytes": 10, "processes": 2, "outcome": "takeover"})
+        folded = dataclasses.asdict(totals)
+        changed = {k for k in folded if folded[k] != empty[k]} - {"first_event", "last_event"}
+        assert bool(changed) == (name in COUNTED_EVENTS), (name, changed)
+    totals = EventTotals()
+    totals.add({"ev": "no_such_event", "key": "k", "s": 1.0})
+    assert {k for k, v in dataclasses.asdict(totals).items() if v != empty[k]} == set()
+
+
+def _writer_calls(tree: ast.AST):
+    """``(call, event argument, enclosing function)`` for each event a module records: calls of
+    ``events.record(dir, EV, ...)`` and ``*._event(EV, ...)``, and ``{"ev": EV}`` literals."""
+    def walk(node, func):
+        for child in ast.iter_child_nodes(node):
+            inner = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else func
+            if isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute):
+                if child.func.attr == "_event" and child.args:
+                    yield child, child.args[0], inner
+                elif child.func.attr == "record" and ast.unparse(child.func.value) == "events":
+                    yield child, child.args[1], inner
+            if isinstance(child, ast.Dict):
+                for k, v in zip(child.keys, child.values):
+                    if isinstance(k, ast.Constant) and k.value == "ev":
+                        yield child, v, inner
+            yield from walk(child, inner)
+    yield from walk(tree, None)
+
+
+def test_every_writer_records_an_event_name():
+    """No module records a bare string as an event: each passes an ``Event`` constant, which the
+    test above ties to what stats folds (only ``events.record`` and ``_event`` forward theirs)."""
+    pkg = os.path.dirname(stubcache.__file__)
+    seen = []
+    for path in glob.glob(os.path.join(pkg, "**", "*.py"), recursive=True):
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), path)
+        for call, arg, func in _writer_calls(tree):
+            where = f"{os.path.relpath(path, pkg)}:{call.lineno}"
+            if isinstance(arg, ast.Name) and func in ("_event", "record"):
+                continue  # the helpers that forward their argument
+            assert isinstance(arg, ast.Attribute) and ast.unparse(arg.value) in ("Event", "events.Event"), \
+                f"{where} records {ast.unparse(arg)}, not an Event constant"
+            assert arg.attr in vars(Event) and arg.attr.isupper(), f"{where}: no Event.{arg.attr}"
+            seen.append(where)
+    assert len(seen) >= 20, seen  # the scan found the writers (cache, remote tier, verify, stats)

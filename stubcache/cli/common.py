@@ -19,18 +19,18 @@ def root(args: argparse.Namespace) -> str:
 
 
 def store(args: argparse.Namespace):
-    """The Store of the selected root, told whether the root is shared (so files it creates get
-    group modes); a root whose config fails the trust checks is treated as private."""
+    """The Store of the selected root, made with the root's layout policy (so files it creates
+    get group modes in a shared root); a root whose config fails the trust checks is private."""
     from ..errors import TrustError
     from ..store import Store
     from ..trust import load_policy
 
-    st = Store(root(args))
+    path = root(args)
     try:
-        st.shared = load_policy(st.root).shared
+        policy = load_policy(path)
     except TrustError:
-        st.shared = False
-    return st
+        policy = None
+    return Store(path, policy)
 
 
 def confirm(prompt: str, args: argparse.Namespace) -> None:

@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable
 
 from .. import _log
+from ..events import Event
 from ..manifest import MANIFEST_NAME, Manifest
 from .backend import RemoteBackend, RemoteUnavailable
 from .blob import MAX_BLOB, BlobError, encode, open_blob
@@ -105,7 +106,8 @@ class RemoteTier:
 
     Args:
         config: validated settings.
-        event: ``event(ev, key, seconds=None, **extra)``, records a stats event.
+        event: ``event(ev, key, seconds=None, **extra)``, records a stats event (``ev``: an
+            :class:`~stubcache.events.Event` name).
     """
 
     def __init__(self, config: RemoteConfig, event: EventFn, backend: RemoteBackend | None = None) -> None:
@@ -130,7 +132,7 @@ class RemoteTier:
         global _warned_down
         if pause:
             self._down_until = time.monotonic() + RETRY_AFTER
-        self._event("remote_error", key, error=str(exc)[:200])
+        self._event(Event.REMOTE_ERROR, key, error=str(exc)[:200])
         if not _warned_down:
             _warned_down = True
             _log.warning("stubcache: remote cache %s unusable (%s); continuing with the local cache only",
@@ -138,7 +140,7 @@ class RemoteTier:
 
     def _rejected(self, key: str, reason: str) -> None:
         global _warned_rejected
-        self._event("remote_rejected", key, reason=reason[:200])
+        self._event(Event.REMOTE_REJECTED, key, reason=reason[:200])
         if not _warned_rejected:
             _warned_rejected = True
             _log.warning("stubcache: refused remote blob %s from %s: %s; building locally instead",
@@ -210,7 +212,7 @@ class RemoteTier:
         if isinstance(got, Fetched):
             self._hit(key, got)
             return got
-        self._event("remote_miss", key, name=name)
+        self._event(Event.REMOTE_MISS, key, name=name)
         claim_ok = may_build and self.config.writable
         t0 = time.monotonic()
         deadline = t0 + budget
@@ -230,13 +232,13 @@ class RemoteTier:
                             self.backend.release_lease(key, value)
                         if isinstance(got, Fetched):
                             if waited:
-                                self._event("lease_wait", key, time.monotonic() - t0, name=name, outcome="blob")
+                                self._event(Event.LEASE_WAIT, key, time.monotonic() - t0, name=name, outcome="blob")
                             self._hit(key, got)
                             return got
                         if got is not None:  # down, or a refused blob in the way
                             return None
                         if waited:
-                            self._event("lease_wait", key, time.monotonic() - t0, name=name, outcome="takeover")
+                            self._event(Event.LEASE_WAIT, key, time.monotonic() - t0, name=name, outcome="takeover")
                         return Claim(self, key, value)
                 exists, lease = self.backend.poll(key)
             except RemoteUnavailable as exc:
@@ -246,14 +248,14 @@ class RemoteTier:
                 got = self._fetch(key, expected)
                 if isinstance(got, Fetched):
                     if waited:
-                        self._event("lease_wait", key, time.monotonic() - t0, name=name, outcome="blob")
+                        self._event(Event.LEASE_WAIT, key, time.monotonic() - t0, name=name, outcome="blob")
                     self._hit(key, got)
                     return got
                 if got is not None:  # down, or refused: build here
                     return None
             if lease is None and not claim_ok:
                 if waited:  # the builder gave up or died: build here
-                    self._event("lease_wait", key, time.monotonic() - t0, name=name, outcome="gone")
+                    self._event(Event.LEASE_WAIT, key, time.monotonic() - t0, name=name, outcome="gone")
                 return None
             now = time.monotonic()
             if notice_at is not None and now >= notice_at:
@@ -261,7 +263,7 @@ class RemoteTier:
                 _log.warning("stubcache: waiting for %s to build %r (key %s) for the fleet",
                              _describe(lease), name, key)
             if now >= deadline:
-                self._event("lease_wait", key, now - t0, name=name, outcome="timeout")
+                self._event(Event.LEASE_WAIT, key, now - t0, name=name, outcome="timeout")
                 _log.warning("stubcache: gave up after %.0fs waiting for %s to build %r for the fleet; "
                              "building on this host", now - t0, _describe(lease), name)
                 return None
@@ -270,7 +272,7 @@ class RemoteTier:
             delay = min(delay * 1.5, POLL_MAX)
 
     def _hit(self, key: str, got: Fetched) -> None:
-        self._event("remote_hit", key, got.seconds, bytes=got.nbytes)
+        self._event(Event.REMOTE_HIT, key, got.seconds, bytes=got.nbytes)
 
     # --- upload ------------------------------------------------------------------------------
 
@@ -291,7 +293,7 @@ class RemoteTier:
             self.down(exc, key)
             return
         if stored:
-            self._event("upload", key, bytes=len(value))
+            self._event(Event.UPLOAD, key, bytes=len(value))
         else:  # a blob this host refused is in the way: it stays until evicted or removed
             _log.info("stubcache: not uploading %s: the remote store already holds a blob for it", key)
 
