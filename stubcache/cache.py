@@ -37,7 +37,7 @@ _PINS: dict[tuple[str, str], int] = {}
 _LIB_FDS: dict[str, int] = {}
 _REAL_PATHS: dict[str, str] = {}  # entry path -> the real path it was first loaded by
 _VERIFIED: dict[str, tuple] = {}
-_BASE_KEYS_MAX = 64  # specs whose base key a cache remembers (see StubCache._new_base_key)
+_BASE_KEYS_MAX = 64  # specs whose base key a cache remembers (see StubCache._base_key)
 
 
 class Entry:
@@ -149,7 +149,9 @@ class StubCache:
         self.seeds = [Store(s) for s in (seed_roots() if seeds is None else seeds)]
         self._lock_timeout = lock_timeout
         self._memo: dict[str, Entry] = {}
-        self._base_keys: dict[StubSpec, tuple[dict, str]] = {}  # spec (by identity) -> (fingerprint, key)
+        # Base keys of specs this cache has seen (see _base_key): the last one, then by id(spec).
+        self._last_key: tuple = (None, None, "")
+        self._base_keys: dict[int, tuple[StubSpec, dict, str]] = {}
         self._verified = _VERIFIED
         self._pins = _PINS
         self._lib_fds = _LIB_FDS
@@ -186,11 +188,8 @@ class StubCache:
         if not isinstance(spec, StubSpec):
             raise TypeError(f"get_or_build expects a StubSpec, got {type(spec).__name__}")
         fp = self._fingerprint(spec)
-        known = self._base_keys.get(spec)
-        if known is not None and known[0] is fp:
-            base = known[1]
-        else:
-            base = self._new_base_key(spec, fp)
+        last = self._last_key
+        base = last[2] if last[0] is spec and last[1] is fp else self._base_key(spec, fp)
         if not spec.tracks_headers:
             memo = self._memo.get(base)
             if memo is not None:
@@ -248,16 +247,23 @@ class StubCache:
 
     # --- internals ---------------------------------------------------------------------------
 
-    def _new_base_key(self, spec: StubSpec, fp: dict) -> str:
-        """The base key of ``spec``, remembered for this very spec object (a spec is immutable)
-        while the fingerprint is the same object. At most ``_BASE_KEYS_MAX`` specs are kept: a
-        caller that makes a new spec per call (the ``load_inline`` drop-in) gains nothing from it,
-        and must not make the memo grow."""
-        base = base_key(spec.canonical(), fp)
-        if len(self._base_keys) >= _BASE_KEYS_MAX:
-            self._base_keys.clear()
-        self._base_keys[spec] = (fp, base)
-        return base
+    def _base_key(self, spec: StubSpec, fp: dict) -> str:
+        """The base key of ``spec`` under the fingerprint ``fp``, remembered for this very spec
+        object (a spec is immutable) while the fingerprint is the same object.
+
+        get_or_build first checks the last spec (one tuple read, as cheap as the attribute on
+        the spec that this memo replaces), then this memo, by ``id``: hashing a spec would hash
+        its sources, and each memo entry holds its spec, so the id is not reused meanwhile. At
+        most ``_BASE_KEYS_MAX`` specs are kept: a caller that makes a new spec per call (the
+        ``load_inline`` drop-in) gains nothing from it, and must not make the memo grow."""
+        known = self._base_keys.get(id(spec))
+        if known is None or known[0] is not spec or known[1] is not fp:
+            known = (spec, fp, base_key(spec.canonical(), fp))
+            if len(self._base_keys) >= _BASE_KEYS_MAX:
+                self._base_keys.clear()
+            self._base_keys[id(spec)] = known
+        self._last_key = known
+        return known[2]
 
     def _key_lock(self, base: str) -> threading.Lock:
         lock = self._key_locks.get(base)

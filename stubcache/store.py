@@ -94,7 +94,9 @@ class Store:
         self.base = os.path.join(self.root, LAYOUT)
         self._policy = policy
         self._shared = policy is not None and policy.shared
-        self._ready = False
+        # ensure() found or made the whole layout (in this process). Set by ensure() only; a plain
+        # attribute, not a property, because the hit path reads it on every call.
+        self.ready = False
         self._base_fd = -1  # v1/, opened once without following links (see dir())
 
     def __del__(self) -> None:
@@ -128,11 +130,6 @@ class Store:
         """Whether this is a group-shared root: files it creates get the group's modes."""
         return self._shared
 
-    @property
-    def ready(self) -> bool:
-        """Whether :meth:`ensure` has found or made the whole layout (in this process)."""
-        return self._ready
-
     def mode(self, private: int, shared: int) -> int:
         """``shared`` in a group-shared root, else ``private``."""
         return shared if self._shared else private
@@ -147,13 +144,13 @@ class Store:
 
     def ensure(self, force: bool = False) -> None:
         """Create the root (0700) and any missing layout sub-directory (``2770`` in a shared
-        root), never through a symlink. ``force`` re-checks after ``_ready`` (a directory that
+        root), never through a symlink. ``force`` re-checks after ``ready`` (a directory that
         went missing is recreated when an operation needs it)."""
-        if self._ready and not force:
+        if self.ready and not force:
             return
         try:
             if set(SUBDIRS) <= set(os.listdir(self.base)):
-                self._ready = True
+                self.ready = True
                 return
         except OSError:
             pass
@@ -173,7 +170,7 @@ class Store:
                         os.close(sfd)
         finally:
             os.close(fd)
-        self._ready = True
+        self.ready = True
 
     def dir(self, *parts: str, create: bool = False) -> int:
         """An fd of ``v1/<parts...>`` opened without following links (close it). With ``create``,
