@@ -101,6 +101,20 @@ def test_in_process_repeat_returns_memoised_entry(cache_root, cxx):
     assert cxx.compiles() == 1
 
 
+def test_a_reused_spec_gets_the_new_key_after_an_environment_change(cache_root, cxx, monkeypatch):
+    """The cache remembers a spec object's key only while the fingerprint is the same: the same
+    spec, asked for again after CXX changed in this process, is built for the new compiler."""
+    cache = StubCache()
+    spec = StubSpec("memo2", value_src(2))
+    first = cache.get_or_build(spec)
+    assert cache.get_or_build(spec) is first and cxx.compiles() == 1
+    monkeypatch.setenv("CXX", "c++")
+    second = cache.get_or_build(spec)
+    assert second.key != first.key and cxx.compiles() == 1  # built by plain c++, not the wrapper
+    monkeypatch.setenv("CXX", str(cxx.path))
+    assert cache.get_or_build(spec).key == first.key and cxx.compiles() == 1
+
+
 def test_used_header_content_is_part_of_the_key(cache_root, cxx, tmp_path):
     inc = tmp_path / "inc"
     inc.mkdir()

@@ -61,6 +61,23 @@ def expect_refusal(n: int = 1, match: str = "refusing", root_level: bool = False
     return proc.stderr
 
 
+def test_a_store_takes_its_policy_once(tmp_path):
+    """A Store is made with its root's trust policy, which sets the modes of what it creates;
+    no one can change it afterwards."""
+    from stubcache.store import Store
+    from stubcache.trust import TrustPolicy
+
+    policy = TrustPolicy(gid=os.getgid(), group="g")
+    store = Store(str(tmp_path / "r"), policy)
+    assert store.policy is policy and store.shared and store.mode(0o600, 0o660) == 0o660
+    store.ensure()
+    assert stat.S_IMODE(os.stat(store.path("pins")).st_mode) == 0o2770
+    private = Store(str(tmp_path / "p"))
+    assert private.policy is None and not private.shared and private.mode(0o600, 0o660) == 0o600
+    with pytest.raises(AttributeError):
+        store.shared = False
+
+
 def test_group_writable_root_is_refused(cache_root):
     build_one(cache_root)
     cache_root.chmod(0o770)
