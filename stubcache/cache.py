@@ -23,7 +23,7 @@ from .trust import TrustPolicy, UntrustedRoot, check_dir, loader_policy, private
 
 TYPE_CHECKING = False  # typing is not imported on the hit path
 if TYPE_CHECKING:
-    from .locking import HeldLock
+    from .locking import Lock
 
 # errno values that mean "this root cannot take a build right now": degrade to a private build.
 _UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT, errno.EFBIG,
@@ -381,7 +381,7 @@ class StubCache:
         self._event(Event.HIT, found.key, name=spec.name, seed=found.seed or None)
         return found
 
-    def _wait(self, spec: StubSpec, base: str, timeout: float, t_wait: float) -> "Entry | HeldLock":
+    def _wait(self, spec: StubSpec, base: str, timeout: float, t_wait: float) -> "Entry | Lock":
         """Wait, at most ``timeout`` seconds, for the key's build lock. Returns the held lock, or
         the entry if another process published it meanwhile (a hit after the wait, without
         queueing on the lock). Raises :class:`LockTimeoutError` past the bound, ``OSError`` where
