@@ -317,8 +317,9 @@ class StubSpec:
             raise ValueError("a stub needs at least one of cpp_sources or cuda_sources")
 
     def __setattr__(self, name: str, value: Any) -> None:
-        # A spec memoises its canonical form (a cache, its key): a field changed after use would keep the
-        # old key and serve the old library. Only the private memo slots may be (re)set.
+        # A spec memoises its canonical form, and a cache its key: a field changed after use
+        # would keep the old key and serve the old library. Only the private memo slots may be
+        # (re)set.
         if name in ("_canonical", "_mentions"):
             object.__setattr__(self, name, value)
             return
