@@ -36,6 +36,7 @@ class Ctx:
         self.work = work or Path(tempfile.mkdtemp(prefix="stubcache-bench-"))
         self.verbose = verbose
         self._n = 0
+        self._wheel = None
         self.work.mkdir(parents=True, exist_ok=True)
         self.cxx = CxxWrapper(self.work / "cxx")
         self.source_file = self.work / "arena_stub.cpp"
@@ -50,6 +51,17 @@ class Ctx:
         d = self.work / f"{prefix}-{self._n:04d}"
         d.mkdir(mode=0o700)
         return d
+
+    def installed(self):
+        """The checkout as users install it (a wheel in a scratch venv; see ``_wheel.py``), made
+        once per run for the fresh-process scenarios; the fallback says so in its ``note``."""
+        if self._wheel is None:
+            from _wheel import wheel_env
+
+            self.log("building this checkout's wheel into a scratch venv")
+            self._wheel = wheel_env(self.work / "wheel-install")
+            self.log(self._wheel.note)
+        return self._wheel
 
     def log(self, msg: str) -> None:
         if self.verbose:
@@ -93,25 +105,27 @@ def child_env(**extra: str) -> dict:
     return env
 
 
-def run_py(code: str, args: Sequence[str] = (), env: dict | None = None, timeout: float = 600) -> str:
+def run_py(code: str, args: Sequence[str] = (), env: dict | None = None, timeout: float = 600,
+           python: str = PY, cwd: str | Path | None = None) -> str:
     """Run a Python snippet in a fresh process; return its stdout (raise with stderr on failure)."""
-    proc = subprocess.run([PY, "-c", textwrap.dedent(code), *map(str, args)], env=env or child_env(),
+    proc = subprocess.run([python, "-c", textwrap.dedent(code), *map(str, args)], env=env or child_env(), cwd=cwd,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark child failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return proc.stdout
 
 
-def run_json(code: str, args: Sequence[str] = (), env: dict | None = None, timeout: float = 600) -> Any:
+def run_json(code: str, args: Sequence[str] = (), env: dict | None = None, timeout: float = 600,
+             python: str = PY, cwd: str | Path | None = None) -> Any:
     """Run a snippet that prints one JSON document as its last stdout line."""
-    out = run_py(code, args, env, timeout)
+    out = run_py(code, args, env, timeout, python, cwd)
     return json.loads(out.strip().splitlines()[-1])
 
 
-def wall(cmd: Sequence[str], env: dict | None = None, timeout: float = 600) -> float:
+def wall(cmd: Sequence[str], env: dict | None = None, timeout: float = 600, cwd: str | Path | None = None) -> float:
     """Wall seconds of one process from start to exit (stdout/stderr discarded; must exit 0)."""
     t0 = time.perf_counter()
-    proc = subprocess.run(list(cmd), env=env or child_env(), stdout=subprocess.DEVNULL,
+    proc = subprocess.run(list(cmd), env=env or child_env(), cwd=cwd, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, timeout=timeout)
     dt = time.perf_counter() - t0
     if proc.returncode != 0:

@@ -6,7 +6,9 @@ Writes ``DIR/results.json`` (every sample), ``DIR/results.md`` (tables, targets,
 matplotlib installed (``pip install -e '.[bench]'``), ``DIR/herd.png`` (scenario 4). Default
 ``DIR`` is ``benchmarks/results/latest``. ``--quick`` is the CI smoke test: fewer repetitions,
 smaller herds and stores, and no ~40 s torch-header build. Nothing here asserts a speed; targets
-are reported as met or missed.
+are reported as met or missed. The fresh-process scenarios (2, 3, 7) run stubcache installed from
+this checkout's wheel in a scratch venv, as users install it (``_wheel.py``; a fallback to the
+checkout is reported as such).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Scenario 3: warm hit inside a process, first and repeated calls.
 
-Each mode runs in its own fresh process (after its imports): stubcache's API
+Each mode runs in its own fresh process (after its imports; stubcache's from the checkout's
+wheel in a scratch venv, see ``_wheel.py``): stubcache's API
 (``StubCache.get_or_build`` + ``load_entry``), stubcache's ``load_inline`` drop-in (a new spec per
 call, like code that calls ``load_inline`` where it needs the stub), and torch's ``load_inline``
 on a warm build directory.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 
 from _common import STUB_NAME, Ctx, child_env, fmt_time, row, run_json, spec_kwargs, target
+from _wheel import child_env_for
 from s1_cold_build import STUBCACHE_CHILD, TORCH_CHILD
 
 CHILD = r"""
@@ -57,21 +59,23 @@ def run(ctx: Ctx) -> dict:
     reps = ctx.reps(3, 7)
     reps_torch = ctx.reps(1, 3)
     kw = json.dumps(spec_kwargs())
+    inst = ctx.installed()  # stubcache's children run the wheel, as users install it (torch's: this Python)
+    wheel = dict(python=inst.python, cwd=inst.cwd)
     root = ctx.fresh_dir("s3-root")
-    run_json(STUBCACHE_CHILD, [ctx.source_file, root, STUB_NAME, kw])
+    run_json(STUBCACHE_CHILD, [ctx.source_file, root, STUB_NAME, kw], env=child_env_for(inst), **wheel)
     tdir = ctx.fresh_dir("s3-torch")
     run_json(TORCH_CHILD, [ctx.source_file, tdir, STUB_NAME, "1"])
-    env = child_env(STUBCACHE_DIR=str(root), STUBCACHE_REQUIRE_HIT="1")
+    env = child_env_for(inst, STUBCACHE_DIR=str(root), STUBCACHE_REQUIRE_HIT="1")
     keys = {"api_ctypes": ["first"], "api": ["first", "repeat_get_or_build", "repeat_load", "repeat_load_new_spec"],
             "dropin": ["first", "repeat"], "torch": ["first", "repeat"]}
     data: dict[str, dict[str, list]] = {m: {k: [] for k in ks} for m, ks in keys.items()}
     for i in range(reps):
-        d = run_json(CHILD, ["api", ctx.source_file, STUB_NAME, 2000, kw], env=env)
+        d = run_json(CHILD, ["api", ctx.source_file, STUB_NAME, 2000, kw], env=env, **wheel)
         for k in keys["api"]:
             data["api"][k].append(d[k])
-        d = run_json(CHILD, ["api_ctypes", ctx.source_file, STUB_NAME, 1, kw], env=env)
+        d = run_json(CHILD, ["api_ctypes", ctx.source_file, STUB_NAME, 1, kw], env=env, **wheel)
         data["api_ctypes"]["first"].append(d["first"])
-        d = run_json(CHILD, ["dropin", ctx.source_file, STUB_NAME, 500], env=env)
+        d = run_json(CHILD, ["dropin", ctx.source_file, STUB_NAME, 500], env=env, **wheel)
         for k in keys["dropin"]:
             data["dropin"][k].append(d[k])
         if i < reps_torch:
@@ -105,7 +109,8 @@ def run(ctx: Ctx) -> dict:
                f"{'meets' if dropin <= 20e-6 else 'misses'} it and is reported, not judged"),
     ]
     torch_rep = rows[8]["median"]
-    notes = [f"torch's warm load_inline repeated call costs {fmt_time(torch_rep)} ({torch_rep / rep:.0f}× stubcache's "
+    notes = [f"stubcache's children: {inst.note}.",
+             f"torch's warm load_inline repeated call costs {fmt_time(torch_rep)} ({torch_rep / rep:.0f}× stubcache's "
              "repeated get_or_build): each call re-hashes the sources, takes torch's file baton in the build "
              "directory and reloads the library."]
     return {"id": 3, "title": "Warm hit inside a process", "rows": rows, "targets": targets, "notes": notes}

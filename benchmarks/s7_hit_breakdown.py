@@ -14,14 +14,17 @@ import json
 import re
 import subprocess
 
-from _common import PY, STUB_NAME, Ctx, child_env, fmt_time, row, run_json, spec_kwargs
+from _common import STUB_NAME, Ctx, child_env, fmt_time, row, run_json, spec_kwargs
+from _wheel import WheelEnv, child_env_for
 from s1_cold_build import STUBCACHE_CHILD
 
 CHILD = r"""
-import json, os, shutil, sys, time, ctypes
+import sys, time
 pc = time.perf_counter
 t0 = pc(); import stubcache; t_import = pc() - t0
-from stubcache import fingerprint, key as keymod, store as storemod, trust, events
+import json, os, shutil, ctypes
+from stubcache import key as keymod, store as storemod, trust, events
+from stubcache.fingerprint import Fingerprint
 src_file, name, kw, root, scratch, reps = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4], sys.argv[5], int(sys.argv[6])
 src = open(src_file).read()
 out = {"import stubcache (in-process)": [t_import]}
@@ -42,9 +45,9 @@ out["first get_or_build (whole)"] = [t_gob]
 out["first load_entry (whole: open, fstat, checksum, dlopen)"] = [t_load]
 state = cache.store.path("state")
 loop("StubSpec(...) construction + validation", lambda: stubcache.StubSpec(name, src, **kw))
-loop("fingerprint, first in process (torch version, ABI memo, compiler memo)",
-     lambda: fingerprint.base_fingerprint(state), n=max(reps // 10, 5), setup=fingerprint.reset_for_tests)
-fp = fingerprint.base_fingerprint(state)
+loop("fingerprint, first of a cache (whole-fingerprint memo read + validated)",
+     lambda: Fingerprint(state).base(), n=max(reps // 10, 5))
+fp = cache.fingerprint.base()
 def canon():
     spec._canonical = None; spec.canonical()
 loop("spec.canonical() (incl. the torch-mention rule)", canon)
@@ -84,13 +87,14 @@ COLD_CHILD = r"""
 import json, os, sys, time
 pc = time.perf_counter
 import stubcache
-from stubcache import fingerprint, store as storemod
+from stubcache import store as storemod
+from stubcache.fingerprint import Fingerprint
 out = {}
 t = pc(); import filelock; out["import filelock (not imported by stubcache; for comparison)"] = pc() - t
 t = pc(); import stubcache.builder; out["import stubcache.builder (lazy, first build)"] = pc() - t
 s = storemod.Store(sys.argv[1])
 t = pc(); s.ensure(); out["create a fresh root (makedirs + sub-directories)"] = pc() - t
-t = pc(); fingerprint.base_fingerprint(s.path("state"))
+t = pc(); Fingerprint(s.path("state")).base()
 out["fingerprint with no memo (c++ --version, libc10 ABI scan)"] = pc() - t
 print(json.dumps(out))
 """
@@ -98,9 +102,9 @@ print(json.dumps(out))
 IMPORT_RE = re.compile(r"import time:\s+(\d+)\s+\|\s+(\d+)\s+\|(\s*)(\S+)")
 
 
-def importtime() -> dict:
-    proc = subprocess.run([PY, "-X", "importtime", "-c", "import stubcache"], env=child_env(),
-                          stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, check=True)
+def importtime(inst: WheelEnv) -> dict:
+    proc = subprocess.run([inst.python, "-X", "importtime", "-c", "import stubcache"], env=child_env_for(inst),
+                          cwd=inst.cwd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, check=True)
     mods = []
     for ln in proc.stderr.splitlines():
         m = IMPORT_RE.match(ln)
@@ -114,13 +118,16 @@ def importtime() -> dict:
 def run(ctx: Ctx) -> dict:
     reps = ctx.reps(50, 300)
     kw = json.dumps(spec_kwargs())
+    inst = ctx.installed()  # the hit's pieces and the import, as users install stubcache
     root = ctx.fresh_dir("s7-root")
-    run_json(STUBCACHE_CHILD, [ctx.source_file, root, STUB_NAME, kw])
+    run_json(STUBCACHE_CHILD, [ctx.source_file, root, STUB_NAME, kw], env=child_env_for(inst), python=inst.python,
+             cwd=inst.cwd)
     procs = ctx.reps(2, 5)
     merged: dict[str, list] = {}
     for _ in range(procs):
         d = run_json(CHILD, [ctx.source_file, STUB_NAME, kw, root, ctx.fresh_dir("s7-scratch"), reps],
-                     env=child_env(STUBCACHE_DIR=str(root), STUBCACHE_REQUIRE_HIT="1"))
+                     env=child_env_for(inst, STUBCACHE_DIR=str(root), STUBCACHE_REQUIRE_HIT="1"),
+                     python=inst.python, cwd=inst.cwd)
         for k, v in d.items():
             merged.setdefault(k, []).extend(v)
     cold: dict[str, list] = {}
@@ -128,14 +135,15 @@ def run(ctx: Ctx) -> dict:
         d = run_json(COLD_CHILD, [ctx.fresh_dir("s7-cold") / "root"])
         for k, v in d.items():
             cold.setdefault(k, []).append(v)
-    imps = [importtime() for _ in range(procs)]
+    imps = [importtime(inst) for _ in range(procs + 1)][1:]  # the first one may write bytecode
     rows = [row("once per process" if k.startswith(("import", "first")) else "hit piece (per call)", k, v)
             for k, v in merged.items()]
     rows += [row("cold-process piece (once)", k, v) for k, v in cold.items()]
     rows.append(row("import", "python -X importtime: stubcache cumulative",
                     [i["stubcache_cumulative_us"] / 1e6 for i in imps if i["stubcache_cumulative_us"]]))
     top = imps[-1]["top_self_us"]
-    notes = ["Heaviest modules (self time) in `python -X importtime -c 'import stubcache'`: "
+    notes = [f"Hit pieces and import: {inst.note}. Cold-process pieces: this Python, checkout on PYTHONPATH.",
+             "Heaviest modules (self time) in `python -X importtime -c 'import stubcache'`: "
              + ", ".join(f"{n} {us / 1000:.1f} ms" for n, us in top) + f" ({imps[-1]['modules']} modules)."]
     pieces = [r for r in rows if r["case"] == "hit piece (per call)" and not r["approach"].startswith(
         ("first ", "whole", "memoised", "import", "dlopen, already", "fingerprint"))]

@@ -25,12 +25,31 @@ if "-m" in _sys.orig_argv and _sys.orig_argv[_sys.orig_argv.index("-m") + 1:][:1
 
 from ._version import __version__
 from .cache import Entry, StubCache
-from .compat import default_cache, load, load_inline
 from .errors import (BuildError, CacheMissError, IntegrityError, LockTimeoutError, StubCacheError,
                      TrustError)
 from .manifest import Manifest
-from .patch import patch_torch, unpatch_torch
 from .spec import StubSpec
+
+# The drop-ins and torch's patching are imported when first used: a hit through StubCache
+# needs neither (their modules are a tenth of `import stubcache`).
+_LAZY = {"default_cache": "compat", "load": "compat", "load_inline": "compat", "patch_torch": "patch",
+         "unpatch_torch": "patch", "compat": None, "patch": None}  # None: the submodule itself
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'stubcache' has no attribute {name!r}")
+    module = _LAZY[name] or name
+    value = __import__(f"{__name__}.{module}", fromlist=[name])
+    if _LAZY[name]:
+        value = getattr(value, name)
+    globals()[name] = value  # later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "BuildError", "CacheMissError", "Entry", "IntegrityError", "LockTimeoutError", "Manifest",

@@ -11,11 +11,14 @@ Unset (the normal case) this costs one dict lookup per build, and nothing on the
 from __future__ import annotations
 
 import os
-import signal
 
 
 def point(name: str) -> None:
     fault = os.environ.get("STUBCACHE_FAULT")
+    if fault is None:
+        return
+    import signal
+
     if fault == name:
         os.kill(os.getpid(), signal.SIGKILL)
     elif fault == name + ":stop":  # SIGSTOP instead: a stopped process that keeps its locks

@@ -108,7 +108,8 @@ def rebuild_entry(store: Store, key: str) -> AuditResult:
         return AuditResult(key, str(manifest.name), "skipped", f"pre-image is not a spec: {exc}")
     if spec.canonical() != pre["spec"]:
         return AuditResult(key, spec.name, "skipped", "pre-image spec does not round-trip")
-    fp_now = StubCache(store.root, seeds=[])._fingerprint(spec)
+    cache = StubCache(store.root, seeds=[])
+    fp_now = cache._fingerprint(spec)
     diffs = diff_preimages(pre.get("fingerprint"), fp_now)
     if diffs:
         fields = ", ".join(d[0] for d in diffs[:4])
@@ -123,7 +124,7 @@ def rebuild_entry(store: Store, key: str) -> AuditResult:
         build_dir = os.path.join(tmp, "build")
         os.mkdir(build_dir, 0o700)
         try:
-            result = build(spec, build_dir)
+            result = build(spec, build_dir, cache.fingerprint.compiler_facts())
         except BuildError as exc:
             return AuditResult(key, spec.name, "failed", f"rebuild failed: {exc}")
         if result.unstable:

@@ -46,23 +46,26 @@ class BuildResult:
         self.unstable = unstable or []  # tracked files written while the build ran
 
 
-def build(spec: StubSpec, build_dir: str) -> BuildResult:
-    """Build ``spec`` inside ``build_dir`` (which must be private to this build)."""
+def build(spec: StubSpec, build_dir: str, compiler: dict | None = None) -> BuildResult:
+    """Build ``spec`` inside ``build_dir`` (which must be private to this build). ``compiler``:
+    the fingerprint's record of the real compiler (a cache passes its own; probed if omitted)."""
+    if compiler is None:
+        compiler = buildinputs.compiler_facts()
     t0 = time.perf_counter()
     started_ns = time.time_ns()
     probe = None
     try:
         if spec.build_method == "direct":
             probe = buildinputs.start_search_probe(spec, build_dir)  # runs beside the compile
-            library, out, deps = _build_direct(spec, build_dir)
+            library, out, deps = _build_direct(spec, build_dir, compiler)
         else:
-            library, out, deps = _build_load_inline(spec, build_dir)
+            library, out, deps = _build_load_inline(spec, build_dir, compiler)
     except BaseException:
         if probe is not None:
             probe.kill()
             probe.wait()
         raise
-    tracked = buildinputs.tracked_inputs(spec, build_dir, deps, started_ns, probe)
+    tracked = buildinputs.tracked_inputs(spec, build_dir, deps, started_ns, probe, compiler)
     module_name = os.path.basename(library).split(".", 1)[0]
     return BuildResult(library, module_name, tracked.files, spec.build_method, time.perf_counter() - t0, out,
                        tracked.record, tracked.unstable)
@@ -72,13 +75,16 @@ def build(spec: StubSpec, build_dir: str) -> BuildResult:
 
 
 def direct_command(spec: StubSpec, source: str, output: str, depfile: str,
-                   build_dir: str | None = None) -> list[str]:
-    """The single compiler invocation equivalent to torch's compile + link steps (pure).
+                   build_dir: str | None = None, compiler: dict | None = None) -> list[str]:
+    """The single compiler invocation equivalent to torch's compile + link steps (pure, given
+    ``compiler``, the fingerprint's record of the real compiler; probed if omitted).
     With ``build_dir``, that directory is mapped to ``.`` in everything the library records."""
+    if compiler is None:
+        compiler = buildinputs.compiler_facts()
     import sysconfig
 
     prefix_map = buildinputs.prefix_map_flags(build_dir) if build_dir else []
-    cmd = [*buildinputs.compiler_command(), *prefix_map, "-MD", "-MF", depfile, *buildinputs.assembler_dep_flags(),
+    cmd = [*buildinputs.compiler_command(), *prefix_map, "-MD", "-MF", depfile, *buildinputs.assembler_dep_flags(compiler),
            f"-DTORCH_EXTENSION_NAME={spec.name}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
     cmd += [f"-I{p}" for p in spec.extra_include_paths]
     system = []
@@ -93,17 +99,17 @@ def direct_command(spec: StubSpec, source: str, output: str, depfile: str,
             cmd += ["-isystem", d]
     cmd += ["-fPIC", "-std=c++20", *spec.extra_cflags, source, "-shared", AS_NEEDED,
             *spec.extra_ldflags, "-o", output]
-    return cmd + buildinputs.extra_link_flags()
+    return cmd + buildinputs.extra_link_flags(compiler)
 
 
-def _build_direct(spec: StubSpec, build_dir: str) -> tuple[str, str, list[str]]:
+def _build_direct(spec: StubSpec, build_dir: str, compiler: dict) -> tuple[str, str, list[str]]:
     source = os.path.join(build_dir, "main.cpp")
     with open(source, "w", encoding="utf-8", errors="surrogateescape") as fh:
         fh.write("\n".join(spec.cpp_sources))  # surrogates: the undecodable bytes of a load()ed file
     output = os.path.join(build_dir, f"{spec.name}.so")
     # Relative names (the compiler runs in build_dir) and the prefix map keep the random staging
     # path out of the library, so two builds of one key give identical bytes.
-    cmd = direct_command(spec, "main.cpp", f"{spec.name}.so", buildinputs.DEPFILE, build_dir)
+    cmd = direct_command(spec, "main.cpp", f"{spec.name}.so", buildinputs.DEPFILE, build_dir, compiler)
     env = dict(os.environ, TMPDIR=build_dir)  # the compiler's temporary object: not under /tmp
     import shlex
 
@@ -162,11 +168,14 @@ def _inline_sources(sources, build_dir: str, stem: str) -> list[str]:
     return out
 
 
-def load_inline_kwargs(spec: StubSpec, build_dir: str, verbose: bool = False) -> dict:
+def load_inline_kwargs(spec: StubSpec, build_dir: str, verbose: bool = False, compiler: dict | None = None) -> dict:
     """The arguments torch's ``load_inline`` gets for ``spec``, all but ``no_implicit_headers``
     (which depends on the installed torch): each field that ``spec.FIELDS`` marks ``PASS`` as its
     JSON value, the ``REWRITE`` ones as set here. Writes a source holding undecodable bytes
-    into ``build_dir`` (see :func:`_inline_sources`)."""
+    into ``build_dir`` (see :func:`_inline_sources`). ``compiler``: the fingerprint's record of
+    the real compiler (probed if omitted)."""
+    if compiler is None:
+        compiler = buildinputs.compiler_facts()
     data = spec.to_dict()
     kwargs = {f.name: data[f.name] for f in FIELDS if f.torch == PASS}
     includes = [f"-I{p}" for p in spec.extra_include_paths]
@@ -177,10 +186,10 @@ def load_inline_kwargs(spec: StubSpec, build_dir: str, verbose: bool = False) ->
         # -I flags: torch shell-quotes extra_include_paths but does not escape `$` (or refuse line
         # breaks) for ninja. -I dirs are searched before torch's -isystem ones wherever they
         # appear, as torch's own -I would be.
-        extra_cflags=ninja_safe_flags([*buildinputs.prefix_map_flags(build_dir), *buildinputs.compile_dep_flags(),
+        extra_cflags=ninja_safe_flags([*buildinputs.prefix_map_flags(build_dir), *buildinputs.compile_dep_flags(compiler),
                                        *includes, *spec.extra_cflags], "extra_cflags"),
         extra_cuda_cflags=ninja_safe_flags([*includes, *spec.extra_cuda_cflags], "extra_cuda_cflags"),
-        extra_ldflags=[AS_NEEDED, *ninja_safe_flags([*spec.extra_ldflags, *buildinputs.extra_link_flags()],
+        extra_ldflags=[AS_NEEDED, *ninja_safe_flags([*spec.extra_ldflags, *buildinputs.extra_link_flags(compiler)],
                                                     "extra_ldflags")],
         extra_include_paths=[],
         build_directory=build_dir,
@@ -190,7 +199,7 @@ def load_inline_kwargs(spec: StubSpec, build_dir: str, verbose: bool = False) ->
     return kwargs
 
 
-def _build_load_inline(spec: StubSpec, build_dir: str) -> tuple[str, str, list[str]]:
+def _build_load_inline(spec: StubSpec, build_dir: str, compiler: dict) -> tuple[str, str, list[str]]:
     global _warned_no_implicit
     import glob
     import inspect
@@ -201,7 +210,7 @@ def _build_load_inline(spec: StubSpec, build_dir: str) -> tuple[str, str, list[s
         load_inline = torch_original("load_inline")  # never the module attribute: it may be patched
     except ImportError as exc:
         raise BuildError(f"Error building extension '{spec.name}': it needs torch ({exc})", name=spec.name) from None
-    kwargs = load_inline_kwargs(spec, build_dir, progress.verbose())
+    kwargs = load_inline_kwargs(spec, build_dir, progress.verbose(), compiler)
     if spec.skips_implicit_headers:
         if "no_implicit_headers" in inspect.signature(load_inline).parameters:
             kwargs["no_implicit_headers"] = True

@@ -31,20 +31,21 @@ def prefix_map_flags(build_dir: str) -> list[str]:
     return [f"-ffile-prefix-map={d}=." for d in dict.fromkeys((real, build_dir))]
 
 
-def compile_dep_flags() -> list[str]:
+def compile_dep_flags(compiler: dict) -> list[str]:
     """A full dependency list next to torch's ``-MMD`` one (``-MMD`` omits system headers).
 
     ``-Wp,-MD`` takes over cc1's dependency output, so ninja's own depfile is not written; the
-    build directory is thrown away after one build, so ninja never needs it.
+    build directory is thrown away after one build, so ninja never needs it. ``compiler``: the
+    fingerprint's record of the real compiler (:func:`compiler_facts`).
     """
-    return [f"-Wp,-MD,{DEPFILE}", *assembler_dep_flags()]
+    return [f"-Wp,-MD,{DEPFILE}", *assembler_dep_flags(compiler)]
 
 
-def assembler_dep_flags() -> list[str]:
+def assembler_dep_flags(compiler: dict) -> list[str]:
     """GNU as's own dependency list (``--MD``): files read by ``.incbin``/``.include`` in inline
     assembly, which the preprocessor never sees. Only gcc with GNU as takes it (clang's
     integrated assembler rejects the flag)."""
-    facts = _compiler_facts()
+    facts = compiler
     cc1 = (facts.get("cc1") or {}).get("path") or ""
     gas = (facts.get("as") or {}).get("version") or ""
     if os.path.basename(cc1) == "cc1plus" and "GNU assembler" in gas:
@@ -52,23 +53,23 @@ def assembler_dep_flags() -> list[str]:
     return []
 
 
-def _compiler_facts() -> dict:
-    """The fingerprint's record of the real compiler (memoised per process and on disk)."""
-    from . import fingerprint
+def compiler_facts() -> dict:
+    """The fingerprint's record of the real compiler behind ``CXX``, probed now (no memo: a
+    cache hands its builds its own, memoised, :meth:`~stubcache.fingerprint.Fingerprint.compiler_facts`)."""
+    from .fingerprint import Fingerprint
 
-    fp = fingerprint.base_fingerprint(None)  # the process's current fingerprint when there is one
-    return (fp.get("cxx") or {}).get("real") or {}
+    return Fingerprint(None).compiler_facts()
 
 
-def linker_writes_depfile() -> bool:
+def linker_writes_depfile(compiler: dict) -> bool:
     """Whether the linker the compiler driver runs accepts ``--dependency-file`` (binutils
     ≥ 2.35, lld); part of the compiler probe."""
-    return bool(_compiler_facts().get("ld_depfile"))
+    return bool(compiler.get("ld_depfile"))
 
 
-def extra_link_flags() -> list[str]:
+def extra_link_flags(compiler: dict) -> list[str]:
     """Linker flags that make it list its inputs: ``--dependency-file``, else ``--trace``."""
-    if linker_writes_depfile():
+    if linker_writes_depfile(compiler):
         return [f"-Wl,--dependency-file={LINK_DEPFILE}"]
     return ["-Wl,--trace"]
 
@@ -127,7 +128,7 @@ def start_search_probe(spec: StubSpec, build_dir: str) -> subprocess.Popen | Non
 
 
 def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: int,
-                   probe: subprocess.Popen | None = None) -> inputs.Tracked:
+                   probe: subprocess.Popen | None = None, compiler: dict | None = None) -> inputs.Tracked:
     """Hash what the build read (see :mod:`stubcache.inputs`)."""
     if not deps and not inputs.files_named_by_flags(spec.extra_cflags + spec.extra_ldflags):
         if probe is not None:
@@ -143,7 +144,7 @@ def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: 
         search = inputs.finish_search_path(probe)
     except (OSError, subprocess.SubprocessError):
         search = None
-    facts = _compiler_facts()
+    facts = compiler if compiler is not None else compiler_facts()
     pinned = inputs.pinned_prefixes([*(facts.get("own_dirs") or []), *(facts.get("stdlib_dirs") or [])],
                                     torch_dir(), sysconfig.get_path("include", scheme="posix_prefix"))
     if spec.effective_with_cuda:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import ctypes  # every user loads a library; importing it here keeps ~1 ms off the first call
 import errno
 import os
-import threading
 import time
+from _thread import LockType, RLock, allocate_lock  # threading's locks without importing threading (hit path)
 
-from . import _faults, _log, events, fingerprint, fsroot, progress
+from . import _log, events, fsroot
+from ._lazy import lazy_module
 from ._version import __version__
+from .fingerprint import Fingerprint
 from .errors import (BuildError, CacheMissError, IntegrityError, LockTimeoutError, StubCacheError,
                      TrustError)
 from .events import Event
@@ -25,6 +27,10 @@ TYPE_CHECKING = False  # typing is not imported on the hit path
 if TYPE_CHECKING:
     from .locking import Lock
 
+_faults = lazy_module("stubcache._faults")  # builds and publishes only: not imported on a hit
+progress = lazy_module("stubcache.progress")  # builds and waits only: not imported on a hit
+
+
 # errno values that mean "this root cannot take a build right now": degrade to a private build.
 _UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT, errno.EFBIG,
                errno.ENOENT, errno.ENOTDIR)
@@ -32,7 +38,7 @@ _warned_degraded: set[str] = set()  # roots this process has already warned abou
 
 # Descriptors are per process, not per StubCache: many instances on one root share one pin per
 # entry and one open library per file, so creating instances does not leak descriptors.
-_PROCESS_LOCK = threading.RLock()
+_PROCESS_LOCK = RLock()
 _PINS: dict[tuple[str, str], int] = {}
 _LIB_FDS: dict[str, int] = {}
 _REAL_PATHS: dict[str, str] = {}  # entry path -> the real path it was first loaded by
@@ -147,6 +153,8 @@ class StubCache:
         # Read-only stores: nothing is created there, so they need no policy for modes; their
         # trust is checked where an entry is found (see _lookup_at).
         self.seeds = [Store(s) for s in (seed_roots() if seeds is None else seeds)]
+        # The toolchain fingerprint, memoised in this root's state/ directory.
+        self.fingerprint = Fingerprint(self.store.path("state"))
         self._lock_timeout = lock_timeout
         self._memo: dict[str, Entry] = {}
         # Base keys of specs this cache has seen (see _base_key): the last one, then by id(spec).
@@ -157,7 +165,7 @@ class StubCache:
         self._lib_fds = _LIB_FDS
         self._cap_pending = False  # this instance published: check the size cap after the locks
         self._mutex = _PROCESS_LOCK
-        self._key_locks: dict[str, threading.Lock] = {}
+        self._key_locks: dict[str, LockType] = {}
         # The fleet tier (docs/remote.md): settings checked now, client made on the first miss.
         self._remote_config = _remote_config()
         self._remote = None
@@ -237,7 +245,7 @@ class StubCache:
                 real = _REAL_PATHS[entry.path] = os.path.realpath(entry.path)
             lib = ctypes.CDLL(real)
             try:
-                check_mapped(real, os.fstat(fd), entry.manifest.sha256)
+                check_mapped(real, os.fstat(fd), entry.manifest.sha256, lib._handle, fd)
             except IntegrityError:
                 import _ctypes
 
@@ -265,11 +273,11 @@ class StubCache:
         self._last_key = known
         return known[2]
 
-    def _key_lock(self, base: str) -> threading.Lock:
+    def _key_lock(self, base: str) -> LockType:
         lock = self._key_locks.get(base)
         if lock is None:
             with self._mutex:
-                lock = self._key_locks.setdefault(base, threading.Lock())
+                lock = self._key_locks.setdefault(base, allocate_lock())
         return lock
 
     def _fingerprint(self, spec: StubSpec) -> dict:
@@ -278,14 +286,13 @@ class StubCache:
                 self.store.ensure()
             except OSError:
                 pass  # read-only or missing root: lookups still work, builds degrade
-        state = self.store.path("state")
-        fp = fingerprint.base_fingerprint(state)
+        fp = self.fingerprint.base()
         if spec.cuda_sources or spec.effective_with_cuda:
-            fp = dict(fp, cuda=fingerprint.cuda_fingerprint(state))
+            fp = dict(fp, cuda=self.fingerprint.cuda())
         if spec.host_targets:
-            fp = dict(fp, native=fingerprint.native_target(spec.host_targets, state))
+            fp = dict(fp, native=self.fingerprint.native_target(spec.host_targets))
         if spec.tool_flags:
-            fp = dict(fp, tools=fingerprint.flag_tools(spec.tool_flags, state))
+            fp = dict(fp, tools=self.fingerprint.flag_tools(spec.tool_flags))
         return fp
 
     def _lock_timeout_s(self) -> float:
@@ -730,7 +737,7 @@ class StubCache:
         build_dir = os.path.join(staging, "build")
         fsroot.mkdir_mode(build_dir, self.store.mode(0o700, 0o2770))  # shared: the owner can clean it
         try:
-            result = build(spec, build_dir)
+            result = build(spec, build_dir, self.fingerprint.compiler_facts())
         except BuildError as exc:
             exc.key = base
             if "No space left on device" in (exc.output or ""):
@@ -792,7 +799,7 @@ class StubCache:
         build_dir = os.path.join(tmp, "build")
         os.mkdir(build_dir, 0o700)
         with progress.status(lambda: f"building {spec.name} privately ({spec.build_method} build)"):
-            result = build(spec, build_dir)
+            result = build(spec, build_dir, self.fingerprint.compiler_facts())
         manifest = self._manifest_for(spec, base, result, file_sha256(result.library),
                                       os.path.getsize(result.library))
         self._event(Event.PRIVATE_BUILD, manifest.key, result.seconds, name=spec.name, reason=reason)

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import os
-import threading
-from typing import Any, Sequence
+from _thread import allocate_lock  # threading.Lock without importing threading (hit path)
 
 from . import _log, progress
 from .cache import Entry, StubCache
@@ -12,6 +11,10 @@ from .fingerprint import _env_snapshot
 from .patch import mark
 from .spec import FIELDS, StubSpec
 from .store import default_root  # all three loaded with .cache: a function-level import costs ~1.5 us a call
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
+if TYPE_CHECKING:
+    from typing import Any, Sequence
 
 _caches: dict[str, StubCache] = {}
 _modules: dict[tuple, Any] = {}
@@ -37,7 +40,7 @@ def _frozen(value: Any) -> Any:
     return value
 
 
-_lock = threading.Lock()
+_lock = allocate_lock()
 
 
 def _versioned(name: str, call: Any) -> str:

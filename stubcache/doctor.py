@@ -254,13 +254,13 @@ def check_filesystem(root: str) -> list[Check]:
 
 def check_toolchain(root: str) -> list[Check]:
     """The compiler (``CXX`` or ``c++``), ninja, torch and Python headers, without importing torch."""
-    from . import fingerprint
+    from .fingerprint import Fingerprint
 
     out: list[Check] = []
     state = Store(root).path("state")
-    state_dir = state if os.path.isdir(state) else None
+    fingerprint = Fingerprint(state if os.path.isdir(state) else None)
     cxx = os.environ.get("CXX", "c++")
-    ident = fingerprint.compiler_identity(cxx, state_dir)
+    ident = fingerprint.compiler_identity(cxx)
     if ident.get("path") is None:
         out.append(Check("compiler", "error", f"{cxx!r} not found on PATH",
                          "install a C++ compiler (e.g. g++) or set CXX to one"))
@@ -273,7 +273,7 @@ def check_toolchain(root: str) -> list[Check]:
                          "(plain direct stubs still build)", "pip install ninja"))
     else:
         out.append(Check("ninja", "ok", ninja))
-    tfacts = fingerprint.base_fingerprint(state_dir).get("torch") or {}
+    tfacts = fingerprint.base().get("torch") or {}
     version = tfacts.get("version")
     if fingerprint.torch_dir() is None or version is None:
         out.append(Check("torch", "warn", "torch not found: only direct (torch-free) stubs can be built",

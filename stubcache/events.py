@@ -9,11 +9,11 @@ just being opened, so it is never taken for finished).
 
 from __future__ import annotations
 
-import json
 import os
-import threading
 import time
+from _thread import allocate_lock  # threading.Lock without importing threading (hit path)
 
+from . import _json
 
 class Event:
     """The event names (the ``"ev"`` field of each line): every writer records one of these and
@@ -46,7 +46,7 @@ class Event:
 
 EVENTS = frozenset(v for k, v in vars(Event).items() if k.isupper())  # every name a writer may use
 
-_lock = threading.Lock()
+_lock = allocate_lock()
 _fds: dict[str, int] = {}
 
 
@@ -65,7 +65,7 @@ def record(events_dir: str, event: str, key: str = "", seconds: float | None = N
     if seconds is not None:
         rec["s"] = round(seconds, 6)
     rec.update(extra)
-    line = (json.dumps(rec, separators=(",", ":")) + "\n").encode()
+    line = (_json.dumps(rec, separators=(",", ":")) + "\n").encode()
     try:
         with _lock:
             fd = _fds.get(events_dir)

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Iterable
-
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
 if TYPE_CHECKING:
     import subprocess
+    from typing import Iterable
 
 from .store import file_sha256
 
@@ -104,8 +104,7 @@ def still_valid(files: dict, inputs: dict | None, memo_path: str | None = None) 
 def _read_sig_memo(path: str | None) -> dict:
     if not path:
         return {}
-    import json
-
+    from . import _json as json
     from . import fsroot
 
     try:  # in the root's state/: a regular file only, size-capped (a planted FIFO must not hang)

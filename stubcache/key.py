@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
-from typing import Any, Mapping, Sequence
+from . import _json
+from ._digest import sha256
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
+if TYPE_CHECKING:
+    from typing import Any, Mapping, Sequence
 
 KEY_LEN = 32  # hex characters (128 bits)
 
@@ -15,8 +18,8 @@ def preimage(spec_canonical: Mapping[str, Any], fingerprint: Mapping[str, Any]) 
 
 
 def _digest(data: Any) -> str:
-    blob = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()[:KEY_LEN]
+    blob = _json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()[:KEY_LEN]
 
 
 def base_key(spec_canonical: Mapping[str, Any], fingerprint: Mapping[str, Any]) -> str:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any
+from . import _json
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
+if TYPE_CHECKING:
+    from typing import Any
 
 MANIFEST_NAME = "manifest.json"
 
@@ -47,6 +50,8 @@ class Manifest:
         return {f: getattr(self, f) for f in self.__slots__}
 
     def dumps(self) -> str:
+        import json  # written when publishing, never on a hit
+
         text = json.dumps(self.to_dict(), indent=1, sort_keys=True, ensure_ascii=False)
         try:
             text.encode("utf-8")
@@ -57,7 +62,7 @@ class Manifest:
     @classmethod
     def loads(cls, text: str) -> "Manifest":
         """Parse a manifest; raises ``ValueError`` on anything malformed."""
-        data = json.loads(text)
+        data = _json.loads(text)
         if not isinstance(data, dict):
             raise ValueError("manifest is not a JSON object")
         required = set(cls.__slots__) - set(cls._OPTIONAL)

@@ -4,6 +4,14 @@ Libraries are loaded by their real path, so debuggers, profilers and symbolizers
 ``TORCH_SHOW_CPP_STACKTRACES`` runs ``addr2line -e <path>`` in a child process) see a path in
 ``/proc/self/maps`` that names the file in any process. Loading by path opens the file a second
 time, so afterwards the mapping is compared with the descriptor the checksum was computed through.
+
+The direct way (:func:`_first_segment`) asks the loader where the object it returned is (its load
+address, ``dlinfo``), finds its first segment from the verified file's own ELF headers, and stats
+that one mapping through ``/proc/self/map_files``: one ``stat`` instead of reading and searching
+all of ``/proc/self/maps`` (0.1 ms in a bare process, 0.4-0.6 ms in one with torch loaded). All
+segments of one loaded object come from the one file the loader opened, so that mapping's device
+and inode are the object's. Anything it cannot establish (another ELF layout, no ``dlinfo``, a
+mapping the kernel merged or split differently, a mismatch) goes the full way, which decides.
 """
 
 from __future__ import annotations
@@ -32,9 +40,61 @@ def _mappings(path: str) -> list[tuple[int, int, str]]:
 
 
 _checked: set[str] = set()  # paths loaded and checked in this process
+_RTLD_DI_LINKMAP = 2
+_PT_LOAD = 1
+_dlinfo = None  # libc's dlinfo through ctypes, looked up on first use (False: unavailable)
 
 
-def check_mapped(path: str, st: os.stat_result, sha256: str) -> None:
+def _load_address(handle: int) -> int | None:
+    """``l_addr`` of the loaded object ``handle`` (``dlinfo(RTLD_DI_LINKMAP)``), or ``None``."""
+    global _dlinfo
+    import ctypes
+
+    if _dlinfo is None:
+        try:
+            _dlinfo = ctypes.CDLL(None).dlinfo
+            _dlinfo.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
+        except (OSError, AttributeError):
+            _dlinfo = False
+    if not _dlinfo:
+        return None
+    lm = ctypes.c_void_p()
+    if _dlinfo(handle, _RTLD_DI_LINKMAP, ctypes.byref(lm)) != 0 or not lm.value:
+        return None
+    return ctypes.c_size_t.from_address(lm.value).value  # struct link_map's first field, l_addr
+
+
+def _first_segment(fd: int, handle: int) -> str | None:
+    """``/proc/self/map_files`` name of the first loadable segment of the object ``handle``,
+    whose file is open as ``fd``: ``start-end`` as the loader maps it (page-aligned ``p_vaddr``
+    to ``p_vaddr + p_filesz``, shifted by the load address). ``None`` if not ELF64 little-endian."""
+    head = os.pread(fd, 64, 0)
+    if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+        return None
+    phoff = int.from_bytes(head[32:40], "little")
+    phentsize = int.from_bytes(head[54:56], "little")
+    phnum = int.from_bytes(head[56:58], "little")
+    if phentsize < 56 or not 0 < phnum < 256:
+        return None
+    table = os.pread(fd, phentsize * phnum, phoff)
+    for i in range(0, len(table) - 55, phentsize):
+        if int.from_bytes(table[i:i + 4], "little") == _PT_LOAD:
+            vaddr = int.from_bytes(table[i + 16:i + 24], "little")
+            filesz = int.from_bytes(table[i + 32:i + 40], "little")
+            break
+    else:
+        return None
+    base = _load_address(handle)
+    if base is None:
+        return None
+    page = os.sysconf("SC_PAGE_SIZE")
+    start = base + (vaddr & ~(page - 1))
+    end = base + ((vaddr + filesz + page - 1) & ~(page - 1))
+    return f"{start:x}-{end:x}"
+
+
+def check_mapped(path: str, st: os.stat_result, sha256: str, handle: int | None = None,
+                 fd: int | None = None) -> None:
     """Raise :class:`IntegrityError` unless every mapping of ``path`` is the verified file
     (device and inode of ``st``). Where the kernel reports another device or inode for a file it
     maps (overlayfs on some kernels reports the underlying layer's), the mapped bytes are read back
@@ -42,9 +102,21 @@ def check_mapped(path: str, st: os.stat_result, sha256: str) -> None:
 
     Once a path has passed, later loads of it in this process are not checked again: glibc hands
     back the handle it already has for that name, the one that was checked, even if the entry has
-    since been pruned and rebuilt at the same path (same key, so the same inputs)."""
+    since been pruned and rebuilt at the same path (same key, so the same inputs).
+
+    With the ``dlopen`` ``handle`` and the verified descriptor ``fd``, a match of the object's
+    first mapping (see the module docstring) settles it without reading ``/proc/self/maps``."""
     if path in _checked:
         return
+    if handle is not None and fd is not None:
+        try:
+            span = _first_segment(fd, handle)
+            mapped = os.stat(f"/proc/self/map_files/{span}") if span else None
+        except (OSError, ValueError):
+            mapped = None
+        if mapped is not None and (mapped.st_dev, mapped.st_ino) == (st.st_dev, st.st_ino):
+            _checked.add(path)
+            return
     from .store import file_sha256
 
     maps = _mappings(os.path.realpath(path))

@@ -10,14 +10,17 @@ attribute holds now.
 from __future__ import annotations
 
 import sys
-import threading
-from typing import Any, Callable
+from _thread import RLock  # threading.RLock without importing threading (hit path)
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
+if TYPE_CHECKING:
+    from typing import Any, Callable
 
 NAMES = ("load_inline", "load")
 _MARK = "__stubcache_dropin__"
 _MODULE = "torch.utils.cpp_extension"
 _originals: dict[str, Callable[..., Any]] = {}
-_lock = threading.RLock()
+_lock = RLock()
 
 
 def is_dropin(fn: Any) -> bool:

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
-from typing import Callable
+from _thread import _local  # threading.local without importing threading (hit path)
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
+if TYPE_CHECKING:
+    import threading
+    from typing import Callable
 
 STATUS_AFTER = 2.0
-_state = threading.local()
+_state = _local()
 
 
 def verbose() -> bool:
@@ -82,6 +86,8 @@ class status:
     """
 
     def __init__(self, describe: Callable[[], str]) -> None:
+        import threading  # a build or a wait: never on a hit
+
         self.describe = describe
         self.fd: int | None = None
         self.thread: threading.Thread | None = None
@@ -93,6 +99,8 @@ class status:
             return self
         self.fd = _stderr_fd()
         if self.fd is not None:
+            import threading
+
             self.thread = threading.Thread(target=self._run, name="stubcache-status", daemon=True)
             self.thread.start()
         return self

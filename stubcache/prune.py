@@ -367,12 +367,13 @@ def execute_plan(store: Store, plan: PrunePlan, progress=None) -> PrunePlan:
 
 def current_fingerprint(store: Store, need_cuda: bool = False) -> dict[str, Any]:
     """This environment's fingerprint (no torch import; the compiler's version is memoised)."""
-    from . import fingerprint
+    from .fingerprint import Fingerprint
 
     state = store.path("state")
-    with fingerprint.read_only():  # reading the cache must not write to it (prune --dry-run)
-        fp = dict(fingerprint.base_fingerprint(state if os.path.isdir(state) else None))
-        if need_cuda:
-            fp["cuda"] = fingerprint.cuda_fingerprint(state if os.path.isdir(state) else None)
+    # read_only: reading the cache must not write to it (prune --dry-run)
+    fingerprint = Fingerprint(state if os.path.isdir(state) else None, read_only=True)
+    fp = dict(fingerprint.base())
+    if need_cuda:
+        fp["cuda"] = fingerprint.cuda()
     return fp
 

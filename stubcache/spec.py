@@ -9,9 +9,12 @@ which the rest (slots, checks, JSON form, key rules, torch mapping) is derived; 
 from __future__ import annotations
 
 import os
-import re
+from _collections_abc import Mapping  # collections.abc without importing collections (hit path)
 from operator import attrgetter
-from typing import Any, Iterable, Mapping, Sequence
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
+if TYPE_CHECKING:
+    from typing import Any, Iterable, Sequence
 
 
 def _is_c_name(text: str) -> bool:
@@ -23,7 +26,9 @@ def _is_c_name(text: str) -> bool:
 # A source that mentions any of these needs torch's implicit headers (or includes them itself):
 # a token not preceded by an identifier character, or an include of a torch-family header.
 _TORCH_TOKENS = ("torch::", "at::", "c10::", "TORCH_", "PYBIND11_", "py::")
-_TORCH_INCLUDE_RE = re.compile(r"#\s*include\s*[<\"](?:torch|ATen|c10|pybind11|caffe2)/")
+# An include of a torch-family header: what r'#\s*include\s*[<"](?:torch|ATen|c10|pybind11|caffe2)/'
+# matches, found without re (see _includes_torch_header).
+_TORCH_DIRS = ("torch/", "ATen/", "c10/", "pybind11/", "caffe2/")
 
 # Flags that make the compiler driver run another assembler or linker than its default one.
 TOOL_FLAG_PREFIXES = ("-fuse-ld=", "--ld-path=", "-B")
@@ -130,7 +135,26 @@ def _mentions_one(src: str) -> bool:
             if i == 0 or not (src[i - 1].isalnum() or src[i - 1] == "_"):
                 return True
             i = src.find(tok, i + 1)
-    return "include" in src and _TORCH_INCLUDE_RE.search(src) is not None
+    return _includes_torch_header(src)
+
+
+def _includes_torch_header(src: str) -> bool:
+    """``#``, whitespace, ``include``, whitespace, ``<`` or ``"``, then a torch-family directory:
+    checked around each ``include`` (a few per source) instead of a regex over the whole text."""
+    n = len(src)
+    i = src.find("include")
+    while i != -1:
+        j = i - 1
+        while j >= 0 and src[j].isspace():
+            j -= 1
+        if j >= 0 and src[j] == "#":
+            k = i + 7
+            while k < n and src[k].isspace():
+                k += 1
+            if k < n and src[k] in "<\"" and src.startswith(_TORCH_DIRS, k + 1):
+                return True
+        i = src.find("include", i + 1)
+    return False
 
 
 def mentions_torch(sources: Iterable[str]) -> bool:

@@ -17,13 +17,13 @@ Layout under ``<root>/v1/``::
 from __future__ import annotations
 
 import errno
-import hashlib
-import json
 import os
 import stat
 import time
 
+from . import _json as json  # the json functions a hit needs, without importing json
 from . import _log, fsroot, locking
+from ._digest import LARGE, sha256
 from .fsroot import check_name
 from .manifest import MANIFEST_NAME, Manifest
 from .trust import TrustPolicy
@@ -36,13 +36,12 @@ LAST_USED_INTERVAL = 3600.0  # seconds: a hit writes the last-used stamp at most
 
 def file_sha256(fd_or_path) -> str:
     """SHA-256 of a file, given an open fd (read from offset 0) or a path."""
-    h = hashlib.sha256()
     if isinstance(fd_or_path, int):
-        off = 0
-        while True:
-            chunk = os.pread(fd_or_path, 1 << 20, off)
-            if not chunk:
-                break
+        chunk = os.pread(fd_or_path, LARGE, 0)
+        h = sha256(chunk, large=len(chunk) == LARGE)  # a library of a few KiB: no OpenSSL load
+        off = len(chunk)
+        while chunk:
+            chunk = os.pread(fd_or_path, LARGE, off)
             h.update(chunk)
             off += len(chunk)
     else:
@@ -527,7 +526,7 @@ class _DirCtx:
 
 
 _KEY_CHARS = frozenset("0123456789abcdef")
-_BASE_LOCK = __import__("threading").Lock()
+_BASE_LOCK = __import__("_thread").allocate_lock()  # threading.Lock without importing threading
 
 
 def inputs_memo_name(tag: str) -> str:

@@ -9,7 +9,6 @@ G. World-writable paths and symlinks are refused everywhere.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 
@@ -126,7 +125,9 @@ def load_root_config(root: str, extra_uids: frozenset = frozenset()) -> tuple[Tr
     finally:
         os.close(fd)
     try:
-        cfg = json.loads(data.decode("utf-8"))
+        from . import _json
+
+        cfg = _json.loads(data.decode("utf-8"))
         gid = cfg.get("gid") if cfg.get("mode") == "shared" else None
     except (ValueError, UnicodeDecodeError, AttributeError):
         raise TrustError(f"refusing cache config {path}: not valid JSON; recreate it with `stubcache init`") from None

@@ -12,21 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from stubcache import fingerprint
-
 REPO = Path(__file__).resolve().parent.parent
 # Test-only helpers shared with the benchmarks live there (``_synthetic``: synthetic store entries).
 BENCH = REPO / "benchmarks"
 if str(BENCH) not in sys.path:
     sys.path.append(str(BENCH))
-
-
-@pytest.fixture(autouse=True)
-def _fresh_fingerprint():
-    """CXX and friends are read once per process; tests change them, so forget between tests."""
-    fingerprint.reset_for_tests()
-    yield
-    fingerprint.reset_for_tests()
 
 
 @pytest.fixture

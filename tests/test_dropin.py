@@ -218,9 +218,13 @@ def test_loaded_library_shows_its_real_path_in_proc_maps(cache_root):
         assert any(line.rstrip().endswith(entry.path) for line in fh)
 
 
-def test_a_library_swapped_between_check_and_load_is_refused(cache_root, tmp_path):
+def test_a_library_swapped_between_check_and_load_is_refused(cache_root, tmp_path, monkeypatch):
+    from stubcache import mapped
     from stubcache.errors import IntegrityError
 
+    scanned = []  # the direct check (map_files) only ever accepts: a mismatch goes the full way
+    full_scan = mapped._mappings
+    monkeypatch.setattr(mapped, "_mappings", lambda path: scanned.append(path) or full_scan(path))
     cache = stubcache.StubCache()
     entry = cache.get_or_build(stubcache.StubSpec("swapped", 'extern "C" int f(void) { return 1; }'))
     fd = cache._open_checked(entry)  # what load_entry verifies first
@@ -232,6 +236,7 @@ def test_a_library_swapped_between_check_and_load_is_refused(cache_root, tmp_pat
     os.replace(other.path, entry.path)
     with pytest.raises(IntegrityError, match="not the verified file"):
         cache.load_entry(entry)
+    assert scanned
 
 
 def test_a_root_reached_through_a_symlink_is_loaded_by_its_real_path(tmp_path, monkeypatch):

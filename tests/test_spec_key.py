@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stubcache import StubCache, StubSpec
-from stubcache import fingerprint
+from stubcache.fingerprint import Fingerprint
 from stubcache.key import diff_preimages
 
 C_SRC = 'extern "C" int value(void) { return 1; }'
@@ -66,15 +68,30 @@ def test_key_inputs_change_the_key(tmp_path, monkeypatch):
     assert _key(cache, no_implicit_headers=False) != base
     assert _key(cache, builder="load_inline") != base
     monkeypatch.setenv("CXX", "g++")
-    fingerprint.reset_for_tests()
     assert _key(cache) != base
     monkeypatch.delenv("CXX")
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
-    fingerprint.reset_for_tests()
     assert _key(cache) != base
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST")
-    fingerprint.reset_for_tests()
     assert _key(cache) == base
+
+
+def test_each_cache_owns_its_fingerprint(tmp_path, monkeypatch):
+    """The fingerprint is an object of the cache: its memos go to that cache's state/ directory,
+    a read-only one writes nothing, and a changed CXX is seen without resetting anything."""
+    a, b = StubCache(tmp_path / "a"), StubCache(tmp_path / "b")
+    assert isinstance(a.fingerprint, Fingerprint) and a.fingerprint is not b.fingerprint
+    key = a.key(StubSpec("k", C_SRC))
+    assert any(p.name.startswith("fp-") for p in (tmp_path / "a").rglob("state/*.json"))
+    assert not (tmp_path / "b").exists()
+    state = tmp_path / "ro-state"
+    state.mkdir()
+    fp = Fingerprint(str(state), read_only=True).base()
+    assert fp == a.fingerprint.base() and list(state.iterdir()) == []
+    monkeypatch.setenv("CXX", "g++")
+    assert a.key(StubSpec("k", C_SRC)) != key
+    monkeypatch.delenv("CXX")
+    assert a.key(StubSpec("k", C_SRC)) == key
 
 
 def test_irrelevant_changes_keep_the_key(tmp_path):
@@ -124,3 +141,25 @@ def test_spec_json_round_trip():
     assert isinstance(spec.to_json(), str) and StubSpec.from_dict(spec.to_dict()) == spec
     with pytest.raises(ValueError):
         StubSpec.from_json({"name": "x", "cpp_sources": "int x;", "bogus": 1})
+
+
+_PARTS = st.sampled_from(["#", "include", " ", "\t", "\n", "\u00a0", "<", '"', "torch/", "ATen/", "c10/",
+                          "pybind11/", "caffe2/", "torch", "x", "/", "#include <torch/x.h>"])
+
+
+_WS = st.text(st.sampled_from([" ", "\t", "\n", "\u00a0", "\u2003", "x"]), max_size=3)
+_DIRECTIVES = st.tuples(st.sampled_from(["#", "", "x"]), _WS, st.sampled_from(["include", "includ"]), _WS,
+                        st.sampled_from(["<", '"', ""]), st.sampled_from(["torch/", "ATen/", "c10", "caffe2/x"]),
+                        ).map("".join)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(_PARTS, max_size=12).map("".join) | st.text(max_size=40) | _DIRECTIVES)
+def test_torch_include_rule_is_the_regex(src):
+    """The torch-include rule without re answers as the regex it replaced."""
+    import re
+
+    from stubcache.spec import _includes_torch_header
+
+    regex = r'#\s*include\s*[<"](?:torch|ATen|c10|pybind11|caffe2)/'
+    assert _includes_torch_header(src) == (re.search(regex, src) is not None)

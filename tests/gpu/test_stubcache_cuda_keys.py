@@ -18,16 +18,12 @@ extern "C" int launch(int *x) { add_one<<<1, 1>>>(x); return 0; }
 def test_visible_gpu_architectures_enter_the_key_when_arch_list_is_unset(cache_root, monkeypatch):
     import torch
 
-    from stubcache import fingerprint
-
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
-    fingerprint.reset_for_tests()
     spec = StubSpec("cudaarch", 'extern "C" int launch(int *x);', cuda_sources=CUDA_SRC)
     archs = StubCache().preimage(spec)["fingerprint"]["cuda"]["visible_archs"]
     expect = sorted({"%d.%d" % torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
     assert archs == expect
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0")
-    fingerprint.reset_for_tests()
     assert "visible_archs" not in StubCache().preimage(spec)["fingerprint"]["cuda"]
 
 

@@ -1,0 +1,115 @@
+"""The hit path's stand-ins for json and hashlib give exactly json's and hashlib's answers, and a
+hit imports only what it needs (no json, hashlib, threading, typing, re, torch, ...)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stubcache import _digest, _json
+from tests.conftest import REPO
+
+SCALARS = st.none() | st.booleans() | st.integers() | st.floats() | st.text()
+VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner), max_leaves=30)
+
+
+def _same(a, b) -> bool:  # NaN != NaN: compare through json's own canonical text
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(VALUES, st.booleans(), st.sampled_from([None, (",", ":"), (", ", ": ")]), st.booleans())
+def test_dumps_is_jsons(value, sort_keys, separators, ensure_ascii):
+    kw = dict(sort_keys=sort_keys, separators=separators, ensure_ascii=ensure_ascii)
+    assert _json.dumps(value, **kw) == json.dumps(value, **kw)
+
+
+@settings(max_examples=300, deadline=None)
+@given(VALUES, st.sampled_from(["", " ", "\n\t "]))
+def test_loads_is_jsons(value, pad):
+    text = pad + json.dumps(value) + pad
+    assert _same(_json.loads(text), json.loads(text))
+    assert _same(_json.loads(text.encode()), json.loads(text.encode()))
+
+
+@given(st.text(max_size=12) | st.binary(max_size=12))
+def test_loads_fails_and_succeeds_like_json(data):
+    def outcome(fn):
+        try:
+            return ("ok", json.dumps(fn(data), sort_keys=True))
+        except Exception as exc:  # noqa: BLE001 - the very exception type and message are compared
+            return (type(exc).__name__, str(exc))
+
+    assert outcome(_json.loads) == outcome(json.loads)
+
+
+def test_malformed_json_raises_jsons_error_in_a_process_without_json():
+    """_json's scanner makes its JSONDecodeError from json.decoder only if that is imported: in
+    a hit's process it is not, and the error must still be json's own."""
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(REPO)!r})
+        from stubcache import _json
+        assert "json.decoder" not in sys.modules
+        for bad in ('{{"a": 1', '[1,]', 'nul', '{{"a" 1}}', b'{{"a":', '[1 2]'):
+            try:
+                _json.loads(bad)
+            except ValueError as exc:
+                print(type(exc).__module__, type(exc).__name__)
+            else:
+                raise SystemExit(f"{{bad!r}} parsed")
+    """)
+    proc = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[:6] == ["json.decoder JSONDecodeError"] * 6
+
+
+def test_dumps_errors_are_jsons():
+    for bad in ({(1, 2): 1}, {"x": object()}, [math.inf, {1j: 0}]):
+        errors = []
+        for fn in (json.dumps, _json.dumps):
+            try:
+                fn(bad)
+                errors.append(None)
+            except (TypeError, ValueError) as exc:
+                errors.append((type(exc), str(exc)))
+        assert errors[0] == errors[1]
+
+
+@given(st.binary(max_size=3000), st.booleans())
+def test_digest_is_sha256(data, large):
+    assert _digest.sha256(data, large=large).hexdigest() == hashlib.sha256(data).hexdigest()
+
+
+def test_a_hit_imports_only_what_it_needs(cache_root):
+    """In a child without site (-S: nothing preloaded, as in a venv without start-up files), the
+    modules a hit adds to sys.modules."""
+    src = 'extern "C" int f(void) { return 5; }'
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(REPO)!r})
+        before = set(sys.modules)
+        import stubcache
+        lib = stubcache.StubCache().load(stubcache.StubSpec('lean', {src!r}))
+        assert lib.f() == 5
+        print(" ".join(sorted(set(sys.modules) - before)))
+    """)
+    for require_hit in ("", "1"):  # the first run builds it (its fingerprint: no site-packages, no torch)
+        proc = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=120,
+                              env=dict(os.environ, STUBCACHE_REQUIRE_HIT=require_hit))
+        assert proc.returncode == 0, proc.stderr
+    loaded = set(proc.stdout.split())
+    assert "stubcache.cache" in loaded
+    heavy = {"json", "hashlib", "threading", "typing", "re", "enum", "logging", "subprocess", "shutil",
+             "tempfile", "pathlib", "dataclasses", "signal", "importlib.util", "torch", "filelock",
+             "stubcache.compat", "stubcache.patch", "stubcache.toolchain", "stubcache.builder",
+             "stubcache.progress", "stubcache._faults"}
+    assert not loaded & heavy, loaded & heavy
