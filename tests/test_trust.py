@@ -144,7 +144,8 @@ def run_as(user: str, code: str, env: dict) -> subprocess.CompletedProcess:
     pre = textwrap.dedent(f"""
         import os, pwd, grp
         import stubcache, stubcache.builder, stubcache.locking, stubcache.shared, stubcache.store
-        import fcntl, ctypes, subprocess, tempfile, shutil, json, logging, sysconfig
+        import stubcache.toolchain, stubcache.compat, stubcache.patch, stubcache.progress, stubcache._faults
+        import fcntl, ctypes, subprocess, tempfile, shutil, json, logging, sysconfig, hashlib, threading, re
         import glob, shlex, inspect, atexit, errno, signal, traceback, argparse
         import stubcache.cli, stubcache.verify, stubcache.scan, stubcache.prune, stubcache.stats, stubcache.units
         sysconfig.get_path("include", scheme="posix_prefix"); stubcache.fingerprint.torch_dir()
