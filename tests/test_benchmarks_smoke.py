@@ -52,3 +52,24 @@ def test_herd_counts_one_compile_and_detects_variants(tmp_path):
     assert same["errors"] == [] and same["reported"] == 3
     assert same["compiles"] == 1 and same["wrong"] == 0
     assert mixed["errors"] == [] and mixed["compiles"] == 2 and mixed["wrong"] == 0
+
+
+def test_wheel_env_runs_the_checkout_as_installed_without_torch(tmp_path):
+    """The fresh-process scenarios' venv: this checkout's wheel, no editable finder, no torch,
+    and a header-free stub builds and hits there."""
+    import subprocess
+
+    import _wheel
+
+    inst = _wheel.make_wheel_env(tmp_path / "w")  # raises if it cannot be made
+    assert inst.wheel and inst.python.startswith(str(tmp_path))
+    root = tmp_path / "root"
+    code = ("import sys, stubcache; lib = stubcache.StubCache(sys.argv[1]).load(stubcache.StubSpec("
+            "'wheel_smoke', 'extern \"C\" int f(void) { return 7; }')); "
+            "print(lib.f(), stubcache.__file__, 'torch' in sys.modules)")
+    for require_hit in ("", "1"):
+        proc = subprocess.run([inst.python, "-c", code, str(root)], cwd=inst.cwd, capture_output=True, text=True,
+                              env=_wheel.clean_env({"STUBCACHE_REQUIRE_HIT": require_hit}), timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        value, where, torch_loaded = proc.stdout.split()
+        assert value == "7" and where.startswith(str(tmp_path / "w" / "venv")) and torch_loaded == "False"
