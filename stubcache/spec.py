@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from _collections_abc import Mapping  # collections.abc without importing collections (hit path)
-from operator import attrgetter
+from _operator import attrgetter  # operator.attrgetter without importing operator.py (hit path)
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
 if TYPE_CHECKING:

@@ -110,6 +110,6 @@ def test_a_hit_imports_only_what_it_needs(cache_root):
     assert "stubcache.cache" in loaded
     heavy = {"json", "hashlib", "threading", "typing", "re", "enum", "logging", "subprocess", "shutil",
              "tempfile", "pathlib", "dataclasses", "signal", "importlib.util", "torch", "filelock",
-             "stubcache.compat", "stubcache.patch", "stubcache.toolchain", "stubcache.builder",
+             "operator", "stubcache.compat", "stubcache.patch", "stubcache.toolchain", "stubcache.builder",
              "stubcache.progress", "stubcache._faults"}
     assert not loaded & heavy, loaded & heavy
