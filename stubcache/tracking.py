@@ -1,0 +1,467 @@
+"""The build-time half of input tracking (see :mod:`stubcache.inputs` for what is tracked and
+how a lookup checks it): the compiler's include search order, the dependency lists the compiler
+and the linker write, and :func:`track`, which turns them into the record a manifest keeps.
+
+Only builds import this module (through :mod:`stubcache.buildinputs`, or ``inputs.<name>``, which
+forwards here); a hit never does.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .inputs import _dir_sig, _recordable, signature, slack_ns
+from .store import file_sha256
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    import subprocess
+    from typing import Iterable
+
+
+class SearchPath:
+    """The compiler's include search order for one command line, as it reports it (``-v``)."""
+
+    __slots__ = ("dirs", "missing")
+
+    def __init__(self, dirs: list[str], missing: list[str]) -> None:
+        self.dirs = dirs  # quote-only dirs, then the <...> dirs, in search order
+        self.missing = missing  # dirs the compiler ignored as nonexistent (they may appear later)
+
+
+def start_search_path(cmd: list[str], cwd: str | None = None) -> "subprocess.Popen":
+    """Start the compiler ``cmd`` (with all include-affecting flags) reporting its search order."""
+    import subprocess
+
+    return subprocess.Popen([*cmd, "-x", "c++", "-E", "-v", os.devnull, "-o", os.devnull],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd)
+
+
+def finish_search_path(proc: "subprocess.Popen") -> SearchPath:
+    """Parse what :func:`start_search_path` printed."""
+    import subprocess
+
+    try:
+        out, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    return parse_search_path(out.decode("utf-8", "replace"))
+
+
+def search_path(cmd: list[str], cwd: str | None = None) -> SearchPath:
+    """Ask the compiler ``cmd`` for its search order and wait for the answer."""
+    return finish_search_path(start_search_path(cmd, cwd))
+
+
+def parse_search_path(text: str) -> SearchPath:
+    """The directories in a compiler's ``-v`` output, in search order."""
+    dirs: list[str] = []
+    missing: list[str] = []
+    inside = False
+    for line in text.splitlines():
+        if line.startswith("ignoring nonexistent directory"):
+            missing.append(os.path.normpath(line.split('"')[1]) if '"' in line else line.split()[-1])
+        elif line.startswith("#include ") and "search starts here" in line:
+            inside = True
+        elif line.startswith("End of search list"):
+            inside = False
+        elif inside and line.startswith(" "):
+            d = line.strip()
+            if d.endswith(" (framework directory)"):
+                continue
+            dirs.append(os.path.normpath(d))
+    return SearchPath(dirs, missing)
+
+
+OWN_DIR_PROBES = ("-print-file-name=include", "-print-libgcc-file-name")
+
+
+def compiler_dirs(cmd: list[str]) -> list[str]:
+    """The compiler's own directory (gcc's ``lib/gcc/<target>/<version>``, clang's resource dir)."""
+    import subprocess
+
+    outs = []
+    for probe in OWN_DIR_PROBES:
+        try:
+            outs.append(subprocess.run([*cmd, probe], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                       check=False, timeout=60).stdout.decode("utf-8", "replace"))
+        except (OSError, subprocess.SubprocessError):
+            outs.append("")
+    return compiler_dirs_from(outs)
+
+
+def compiler_dirs_from(outputs: list[str]) -> list[str]:
+    """:func:`compiler_dirs` from the outputs of the :data:`OWN_DIR_PROBES`, in order."""
+    out: list[str] = []
+    for probe, text in zip(OWN_DIR_PROBES, outputs):
+        p = text.strip()
+        if os.path.isabs(p) and os.path.exists(p):
+            d = os.path.dirname(os.path.realpath(p))
+            if probe.endswith("libgcc-file-name") and "/clang/" in d:
+                d = os.path.dirname(os.path.dirname(d))  # <resource>/lib/linux -> <resource>
+            if d not in out:
+                out.append(d)
+    return out
+
+
+def pinned_prefixes(own_dirs: list[str], torch_dir: str | None, python_include: str | None) -> list[str]:
+    """Resolved directories whose contents the fingerprint pins (see the module docstring):
+    ``own_dirs`` are the compiler's own directories and its C++ standard library's default
+    header directories (probed with its identity), then torch's and Python's."""
+    roots = list(own_dirs)
+    if torch_dir:
+        roots += [os.path.join(torch_dir, "include"), os.path.join(torch_dir, "lib")]
+    if python_include:
+        roots.append(python_include)
+    out = []
+    for r in roots:
+        for form in (os.path.realpath(r), os.path.normpath(r)):
+            form = form.rstrip("/") + "/"
+            if form not in out:
+                out.append(form)
+    return out
+
+
+def is_pinned(path: str, pinned: list[str]) -> bool:
+    """Whether ``path`` (as the compiler named it) is a file whose contents the fingerprint pins:
+    both the path itself and the file it resolves to lie under a pinned prefix. A symlink from a
+    user directory into a pinned one is not pinned: the link may be pointed elsewhere later."""
+    real = os.path.realpath(path).rstrip("/") + "/"  # a directory matches its own prefix
+    lexical = os.path.normpath(path).rstrip("/") + "/"
+    return any(real.startswith(p) for p in pinned) and any(lexical.startswith(p) for p in pinned)
+
+
+def parse_depfile(path: str) -> list[str]:
+    """The prerequisites named in a make-style dependency file (escaped spaces handled)."""
+    try:
+        with open(path, encoding="utf-8", errors="surrogateescape") as fh:
+            text = fh.read()
+    except OSError:
+        return []
+    text = text.replace("\\\n", " ")
+    out: list[str] = []
+    for line in text.splitlines():
+        if ":" not in line:
+            continue
+        _, rest = line.split(":", 1)
+        token = ""
+        i = 0
+        while i < len(rest):
+            c = rest[i]
+            if c == "\\" and i + 1 < len(rest) and rest[i + 1] in " #":
+                token += rest[i + 1]
+                i += 2
+                continue
+            if c.isspace():
+                if token:
+                    out.append(token)
+                token = ""
+            else:
+                token += c
+            i += 1
+        if token:
+            out.append(token)
+    return out
+
+
+class Tracked:
+    """What :func:`track` found: ``files`` ``{path: sha256}`` for the key, ``record`` for the
+    manifest's ``inputs`` field, and ``unstable``: files written while the build ran."""
+
+    __slots__ = ("files", "record", "unstable")
+
+    def __init__(self, files: dict, record: dict, unstable: list[str]) -> None:
+        self.files = files
+        self.record = record
+        self.unstable = unstable
+
+
+_HAS_INCLUDE = None
+_QUOTED = None
+
+
+def has_include_names(texts: Iterable[str]) -> list[str]:
+    """The header names tested by ``__has_include``/``__has_include_next`` in ``texts`` (literal
+    ``"name"`` and ``<name>`` arguments). A name that is absent at build time reads no file, so
+    the dependency output never mentions it; a file appearing under it later flips the test."""
+    global _HAS_INCLUDE, _QUOTED
+    if _HAS_INCLUDE is None:
+        import re
+
+        _HAS_INCLUDE = re.compile(r'__has_include(?:_next)?\s*\(\s*(?:"([^"\n]+)"|<([^>\n]+)>)\s*\)')
+        _QUOTED = re.compile(r'^[ \t]*#[ \t]*include(?:_next)?[ \t]*"([^"\n]+)"', re.M)
+    out: list[str] = []
+    for text in texts:
+        if "__has_include" not in text:
+            continue
+        for quoted, angled in _HAS_INCLUDE.findall(text):
+            name = os.path.normpath(quoted or angled)
+            if name not in out:
+                out.append(name)
+    return out
+
+
+def quoted_include_names(text: str) -> list[str]:
+    """The names of the ``#include "name"`` lines in a header's text."""
+    has_include_names(())  # compiles the patterns
+    return [os.path.normpath(n) for n in _QUOTED.findall(text)] if '"' in text else []
+
+
+def track(deps: Iterable[str], build_dir: str, pinned: list[str], search: SearchPath | None,
+          started_ns: int, probes: Iterable[str] = ()) -> Tracked:
+    """Hash every dependency that is neither the build's own file nor pinned; record the shadow
+    candidates of each header (pinned ones too: a new file in a user directory shadows them as
+    well); flag files changed since ``started_ns`` (the compile's start): their content may not
+    be what the compiler read. ``probes`` are names tested by ``__has_include`` in the sources
+    (those in tracked headers are added here): the file each resolves to now is tracked, and a
+    name found nowhere is recorded as absent in every searched directory."""
+    skip = os.path.realpath(build_dir).rstrip("/") + "/"
+    files: dict[str, str] = {}
+    sigs: dict[str, list] = {}
+    unstable: list[str] = []
+    headers: list[str] = []
+    pinned_headers: list[str] = []
+    beside: dict[str, set] = {}
+    probes = list(probes)
+
+    def add(path: str, probe: bool = False) -> None:
+        if path in files or path in pinned_headers:
+            return
+        if os.path.realpath(path).startswith(skip):
+            return
+        is_header = not path.endswith((".o", ".a", ".so")) and ".so." not in os.path.basename(path)
+        if is_pinned(path, pinned):
+            if is_header:
+                pinned_headers.append(path)
+                # Its contents are pinned, but what it probes for may lie outside (libstdc++'s
+                # __has_include(<tbb/tbb.h>) finds /usr/include or a user directory).
+                for name in has_include_names([_read_text(path)]):
+                    if name not in probes:
+                        probes.append(name)
+            return
+        try:
+            st0 = os.stat(path)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            if not probe and not _driver_temporary(path):
+                unstable.append(path)  # read by the build, gone now
+            return
+        try:
+            digest = file_sha256(fd)
+            st1 = os.fstat(fd)
+        finally:
+            os.close(fd)
+        sig = signature(st1)
+        if signature(st0) != sig or st1.st_ctime_ns >= started_ns - slack_ns(st1.st_ctime_ns):
+            unstable.append(path)
+        files[path] = digest
+        if _recordable(sig) is not None:
+            sigs[path] = sig
+        if is_header:
+            headers.append(path)
+            text = _read_text(path)
+            tested = has_include_names([text])
+            for name in tested:
+                if name not in probes:
+                    probes.append(name)
+            for name in quoted_include_names(text) + tested:
+                # A quoted include looks beside the including file first: a file appearing
+                # there later is found instead of the one the compiler read.
+                beside.setdefault(os.path.dirname(path), set()).add(name)
+
+    for dep in deps:
+        add(os.path.normpath(os.path.join(build_dir, dep)))
+    absent_names: list[str] = []
+    for name in probes:  # may grow while headers found here are scanned
+        found = _resolve_probe(name, search)
+        if found is None:
+            absent_names.append(name)
+        else:
+            add(found, probe=True)
+    record: dict = {"sigs": sigs}
+    if search is not None:
+        record["shadows"] = shadow_candidates(headers + pinned_headers, search, pinned, absent_names, beside,
+                                              started_ns, unstable)
+    return Tracked(files, record, unstable)
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return ""
+
+
+def _resolve_probe(name: str, search: SearchPath | None) -> str | None:
+    """Where a ``__has_include`` name resolves now (first match in search order), or None."""
+    if os.path.isabs(name):
+        return name if os.path.isfile(name) else None
+    for d in (search.dirs if search is not None else []):
+        cand = os.path.join(d, name)
+        if os.path.isfile(cand):
+            return cand
+    return None
+
+
+def _driver_temporary(path: str) -> bool:
+    """The compiler driver's own temporary object or assembly (``/tmp/ccXXXXXX.o``/``.s``),
+    deleted after use.
+    glibc ignores ``TMPDIR`` in a process whose effective and real ids differ, so it can land
+    outside the build directory."""
+    import re
+
+    return re.fullmatch(r"cc[A-Za-z0-9]{6}\.[os]", os.path.basename(path)) is not None
+
+
+def shadow_candidates(headers: list[str], search: SearchPath, pinned: list[str] = (),
+                      absent_names: list[str] = (), beside: dict | None = None, started_ns: int | None = None,
+                      unstable: list | None = None) -> dict:
+    """``{directory: [dir signature, [names]]}``: for each header found under search directory D
+    as ``rel``, the paths ``E/rel`` for every directory E searched before D (and every directory
+    the compiler skipped as missing), and ``P/name`` for each ``#include "name"`` in a tracked
+    header in directory P (``beside``: a quoted include looks beside the including file first),
+    that do not exist now; for each of ``absent_names`` (a ``__has_include`` that found
+    nothing), that name in every directory.
+    Each candidate is filed under its deepest existing ancestor (whose mtime changes when a name
+    appears in it) as the one name that would have to appear there. Directories under a pinned
+    prefix are left out: their contents are pinned by version like the headers in them."""
+    dirs = search.dirs
+
+    def unpinned(d: str) -> bool:
+        return not is_pinned(d, list(pinned))
+
+    open_dirs = {d for d in dirs + search.missing if unpinned(d)}
+    missing = [d for d in search.missing if d in open_dirs]
+    cands: set[str] = set()
+    for p, names in (beside or {}).items():
+        if unpinned(p):
+            cands.update(n if os.path.isabs(n) else os.path.join(p, n) for n in names)
+    for header in headers:
+        for k, d in enumerate(dirs):
+            if not header.startswith(d.rstrip("/") + "/"):
+                continue
+            rel = header[len(d.rstrip("/")) + 1:]
+            for e in dirs[:k] + missing:
+                if e in open_dirs:
+                    cands.add(os.path.join(e, rel))
+    for name in absent_names:
+        if os.path.isabs(name):
+            cands.add(name)
+            continue
+        for e in dirs + missing:
+            if e in open_dirs:
+                cands.add(os.path.join(e, name))
+    return file_candidates(cands, pinned, None, started_ns, unstable)
+
+
+def file_candidates(cands: Iterable[str], pinned: list[str] = (), out: dict | None = None,
+                    started_ns: int | None = None, unstable: list | None = None) -> dict:
+    """File absolute paths that would change the build if they appeared into ``out``
+    (``{directory: [dir signature, [names]]}``, see :func:`shadow_candidates`). A candidate
+    that exists already is not one; if it appeared after ``started_ns`` (while the build ran:
+    the compiler may have searched before it did) it goes to ``unstable``."""
+
+    def unpinned(d: str) -> bool:
+        return not is_pinned(d, list(pinned))
+
+    out = {} if out is None else out
+    for c in sorted(set(cands)):
+        try:
+            st = os.lstat(c)
+        except OSError:
+            st = None
+        if st is not None:  # present and not chosen (#include_next, or another spelling) ...
+            if (started_ns is not None and unstable is not None
+                    and st.st_ctime_ns >= started_ns - slack_ns(st.st_ctime_ns)):
+                unstable.append(c)  # ... unless it appeared while the compiler searched
+            continue
+        anc = os.path.dirname(c)
+        while not os.path.isdir(anc) and anc not in ("/", ""):
+            anc = os.path.dirname(anc)
+        if not unpinned(anc):
+            continue  # inside a pinned directory (a nested search dir's spelling): pinned too
+        rel = os.path.relpath(c, anc)
+        first = rel.split(os.sep, 1)[0]
+        if not os.path.lexists(os.path.join(anc, first)):
+            rel = first  # nothing under it can appear unless this name does
+        slot = out.get(anc)
+        if slot is None:
+            slot = out[anc] = [_recordable(_dir_sig(anc)), []]
+        if rel not in slot[1]:
+            slot[1].append(rel)
+    return out
+
+
+def files_named_by_flags(flags: Iterable[str]) -> list[str]:
+    """Absolute paths of existing files that flags name (``@RESPONSE`` files and the ones they
+    name, ``-specs=FILE``, ``-fprofile-use=FILE``, ``-fplugin=FILE``, ``-Wl,--version-script,FILE``
+    …): the compiler reads them, but not all of them reach its dependency output. Any flag value
+    that is an absolute path to a regular file counts."""
+    out: list[str] = []
+    todo = list(flags)
+    seen = 0
+    while todo and seen < 1000:  # response files can name each other
+        flag = todo.pop(0)
+        seen += 1
+        words = [flag[1:]] if flag.startswith("@") else []
+        if flag.startswith(("-Wl,", "-Wa,", "-Wp,", "-Xlinker")):
+            words += flag.split(",")[1:]
+        words += [w.split("=", 1)[1] for w in [flag, *words] if "=" in w]
+        words.append(flag)
+        for w in words:
+            w = w[1:] if w.startswith("@") else w
+            if os.path.isabs(w) and w not in out and os.path.isfile(w):
+                out.append(w)
+                if flag.startswith("@") or (w != flag and flag.endswith("@" + w)):
+                    import shlex
+
+                    try:
+                        todo += shlex.split(_read_text(w))
+                    except ValueError:
+                        pass
+    return out
+
+
+def library_candidates(deps: Iterable[str], ldflags: Iterable[str], library_path: str | None) -> list[str]:
+    """Paths where a new file would change what ``-lNAME`` links: for each library the linker
+    read from a directory of the ``-L`` list (then ``LIBRARY_PATH``), ``libNAME.so`` and
+    ``libNAME.a`` in every directory searched before it, and ``libNAME.so`` beside a chosen
+    ``libNAME.a`` (the linker prefers the shared one in one directory). A library found in a
+    default directory of the linker is shadowed by the whole list."""
+    dirs: list[str] = []
+    names: list[str] = []
+    flags = list(ldflags)
+    i = 0
+    while i < len(flags):
+        f = flags[i]
+        if f in ("-L", "-l") and i + 1 < len(flags):
+            (dirs if f == "-L" else names).append(flags[i + 1])
+            i += 2
+            continue
+        if f.startswith("-L") and len(f) > 2:
+            dirs.append(f[2:])
+        elif f.startswith("-l") and len(f) > 2:
+            names.append(f[2:])
+        i += 1
+    dirs = [os.path.normpath(d) for d in dirs if os.path.isabs(d)]
+    dirs += [os.path.normpath(d) for d in (library_path or "").split(":") if os.path.isabs(d)]
+    wanted = {}
+    for n in names:
+        files = [n[1:]] if n.startswith(":") else [f"lib{n}.so", f"lib{n}.a"]
+        for f in files:
+            wanted[f] = files
+    out: list[str] = []
+    for dep in deps:
+        base = os.path.basename(dep)
+        files = wanted.get(base)
+        if files is None:
+            continue
+        where = os.path.dirname(os.path.normpath(dep))
+        before = dirs[:dirs.index(where)] if where in dirs else dirs
+        out += [os.path.join(d, f) for d in before for f in files]
+        if base.endswith(".a") and files[0].endswith(".so"):
+            out.append(os.path.join(where, files[0]))
+    return out
