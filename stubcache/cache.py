@@ -8,7 +8,7 @@ import os
 import time
 from _thread import LockType, RLock, allocate_lock  # threading's locks without importing threading (hit path)
 
-from . import _log, events, fsroot
+from . import events, fsroot
 from ._lazy import lazy_module
 from ._version import __version__
 from .fingerprint import Fingerprint
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from .locking import Lock
 
 _faults = lazy_module("stubcache._faults")  # builds and publishes only: not imported on a hit
+_log = lazy_module("stubcache._log")  # warnings only: not imported on a hit
 progress = lazy_module("stubcache.progress")  # builds and waits only: not imported on a hit
 
 

@@ -22,11 +22,14 @@ import stat
 import time
 
 from . import _json as json  # the json functions a hit needs, without importing json
-from . import _log, fsroot, locking
+from . import fsroot, locking
 from ._digest import LARGE, sha256
+from ._lazy import lazy_module
 from .fsroot import check_name
 from .manifest import MANIFEST_NAME, Manifest
 from .trust import TrustPolicy
+
+_log = lazy_module("stubcache._log")  # warnings only: not imported on a hit
 
 LAYOUT = "v1"
 SUBDIRS = ("entries", "variants", "staging", "locks", "leases", "failures", "pins",

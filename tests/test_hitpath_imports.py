@@ -111,5 +111,5 @@ def test_a_hit_imports_only_what_it_needs(cache_root):
     heavy = {"json", "hashlib", "threading", "typing", "re", "enum", "logging", "subprocess", "shutil",
              "tempfile", "pathlib", "dataclasses", "signal", "importlib.util", "torch", "filelock",
              "operator", "stubcache.compat", "stubcache.patch", "stubcache.toolchain", "stubcache.builder",
-             "stubcache.progress", "stubcache._faults", "stubcache.tracking"}
+             "stubcache.progress", "stubcache._faults", "stubcache.tracking", "stubcache._log"}
     assert not loaded & heavy, loaded & heavy
