@@ -8,7 +8,9 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -93,3 +95,31 @@ def spawn_py(code: str, *, env: dict | None = None) -> subprocess.Popen:
     full_env.update(env or {})
     return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=full_env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_until(ready: Callable[[], object], what: str, *, timeout: float = 60,
+               proc: subprocess.Popen | None = None) -> None:
+    """Poll ``ready()`` until it is true: how a test waits for another process to reach a state
+    (never a fixed sleep). Fails after ``timeout`` seconds, or at once if ``proc`` exits first."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"process {proc.pid} exited ({proc.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.01)
+
+
+def open_files(pid: int) -> set[str]:
+    """The files process ``pid`` holds open (its ``/proc`` descriptor table)."""
+    names = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return names
+    for fd in fds:
+        try:
+            names.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            pass  # closed meanwhile
+    return names

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -16,18 +17,18 @@ import pytest
 import stubcache
 from stubcache import BuildError, StubCache, StubSpec
 
-from .conftest import run_py, spawn_py
+from .conftest import open_files, run_py, spawn_py, wait_until
 
 
 def value_src(n: int) -> str:
     return f'extern "C" int value(void) {{ return {n}; }}\n'
 
 
-# A child that waits for a start signal, then gets-or-builds and calls value().
+# A child that says it is ready, waits for the gate to open, then gets-or-builds and calls value().
 CHILD = """
 import json, os, sys, time
-start = float(os.environ["START_AT"])
-while time.time() < start:
+print("ready", flush=True)
+while not os.path.exists(os.environ["GATE"]):
     time.sleep(0.001)
 import stubcache
 spec = stubcache.StubSpec(os.environ.get("NAME", "herd"), os.environ["SRC"])
@@ -37,13 +38,16 @@ print(json.dumps({"value": lib.value(), "torch": "torch" in sys.modules}))
 
 
 def herd(sources: list[str], name_per_proc=None) -> list[dict]:
-    start = time.time() + 1.0
+    gate = Path(tempfile.mkdtemp(prefix="gate-", dir=Path(os.environ["STUBCACHE_DIR"]).parent)) / "open"
     procs = []
     for i, src in enumerate(sources):
-        env = {"START_AT": str(start), "SRC": src}
+        env = {"GATE": str(gate), "SRC": src}
         if name_per_proc:
             env["NAME"] = name_per_proc[i]
         procs.append(spawn_py(CHILD, env=env))
+    for p in procs:  # all of them up and at the gate, then open it: they start together
+        assert p.stdout.readline().strip() == "ready", p.communicate()
+    gate.touch()
     results = []
     for p in procs:
         out, err = p.communicate(timeout=120)
@@ -167,7 +171,10 @@ def test_sigkill_mid_compile_does_not_block_the_next_process(cache_root, cxx, tm
         import os, stubcache
         print(stubcache.StubCache().load(stubcache.StubSpec('kill', os.environ['SRC'])).value())
         """, env={"SRC": value_src(9)})
-        time.sleep(0.5)  # the waiter is now blocked on the victim's lock
+        locks = str(cache_root / "v1" / "locks")
+        held = {f for f in open_files(victim.pid) if f.startswith(locks) and f.endswith(".lock")}
+        assert held, "the victim holds no build lock"
+        wait_until(lambda: held & open_files(waiter.pid), "the waiter to wait on the victim's lock", proc=waiter)
         assert published(cache_root) == []
         os.kill(victim.pid, signal.SIGKILL)
         victim.wait()

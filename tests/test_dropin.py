@@ -17,7 +17,7 @@ import pytest
 
 import stubcache
 
-from .conftest import REPO, run_py
+from .conftest import REPO, run_py, wait_until
 
 PYB = "#include <pybind11/pybind11.h>\n"
 
@@ -496,7 +496,6 @@ def _run_on_pty(code: str, env: dict) -> str:
 
 def test_status_line_on_a_terminal_and_never_in_a_pipe(cache_root, cxx, monkeypatch):
     import subprocess
-    import time
 
     monkeypatch.setenv("STUBCACHE_TEST_CXX_SLEEP", "3.5")  # a build that lasts past the 2 s mark
     env = dict(os.environ, PYTHONPATH=str(REPO))
@@ -509,8 +508,8 @@ def test_status_line_on_a_terminal_and_never_in_a_pipe(cache_root, cxx, monkeypa
     holder = subprocess.Popen([sys.executable, "-c", STATUS_CHILD.replace("slow_stub", "waited_stub")],
                               env=dict(env, STUBCACHE_TEST_CXX_SLEEP="6"),  # the waiter must wait > 2 s
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    while not (cache_root / "v1" / "leases").is_dir() or not os.listdir(cache_root / "v1" / "leases"):
-        time.sleep(0.05)
+    leases = cache_root / "v1" / "leases"
+    wait_until(lambda: leases.is_dir() and os.listdir(leases), "the holder to start its build", proc=holder)
     text = _run_on_pty(STATUS_CHILD.replace("slow_stub", "waited_stub"), env)
     holder.wait(timeout=60)
     assert f"stubcache: waiting for pid {holder.pid} on " in text and "(waited_stub, building for" in text

@@ -78,7 +78,7 @@ def test_kill_at_random_moments_in_a_loop(cache_root, cxx):
         p = subprocess.Popen([sys.executable, "-c", LOAD], env=dict(os.environ, SRC=src(i % 3), NAME="loop",
                              STUBCACHE_TEST_CXX_SLEEP=str(rng.choice([0, 0, 0.1, 0.3]))),
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        time.sleep(rng.uniform(0.0, 0.6))
+        time.sleep(rng.uniform(0.0, 0.6))  # not a synchronisation: the kill moment under test
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
         assert_store_sound(cache_root)

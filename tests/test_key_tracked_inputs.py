@@ -170,7 +170,7 @@ def test_same_second_edit_on_a_coarse_timestamp_file_system_misses(cache_root, c
     spec = {"name": "coarse", "cpp_sources": value_src('#include "val.h"'), "extra_include_paths": [str(inc)]}
     child(spec)  # probes the toolchain, so the builds below take well under a second
     for _ in range(5):
-        while not 0.05 < time.time() % 1 < 0.1:
+        while not 0.05 < time.time() % 1 < 0.1:  # not a synchronisation: start early in a second
             time.sleep(0.002)
         second = int(time.time())
         with open(header, "r+") as fh:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import time
 
 from tests.conftest import spawn_py
 
 _CHILD = """
 import json, os, sys, time
 go = os.environ["KVA_GO"]
+print("ready", flush=True)
 while not os.path.exists(go):
     time.sleep(0.005)
 import kvarena
@@ -29,7 +29,8 @@ for a in arenas:
 def _run_round(tmp_path, name: str, n: int = 4) -> list[dict]:
     go = tmp_path / f"go-{name}"
     procs = [spawn_py(_CHILD, env={"KVA_GO": str(go)}) for _ in range(n)]
-    time.sleep(0.3)
+    for p in procs:  # every child at the gate before it opens: they start the arenas together
+        assert p.stdout.readline().strip() == "ready", p.communicate()
     go.touch()
     results = []
     for p in procs:

@@ -12,6 +12,7 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from stubcache.remote.blob import encode, split
 from stubcache.remote.config import RemoteConfigError, config_from_env
 
 from . import redis_server
-from .conftest import run_py, spawn_py
+from .conftest import run_py, spawn_py, wait_until
 
 if not redis_server.available():
     if os.environ.get("STUBCACHE_TEST_REQUIRE_REDIS"):
@@ -41,9 +42,11 @@ def value_src(n: int) -> str:
 ENGINE = """
 import json, os, sys, time, logging
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
-start = float(os.environ.get("START_AT", "0"))
-while time.time() < start:
-    time.sleep(0.001)
+gate = os.environ.get("GATE")
+if gate:  # one of a herd: say so, then start when the gate opens
+    print("ready", flush=True)
+    while not os.path.exists(gate):
+        time.sleep(0.001)
 import stubcache
 spec = stubcache.StubSpec(os.environ.get("NAME", "fleet"), os.environ["SRC"])
 cache = stubcache.StubCache()
@@ -84,9 +87,16 @@ def host_env(tmp_path: Path, host: str, url: str, **extra: str) -> dict:
     return env
 
 
-def engines(envs: list[dict], src: str, start_delay: float = 1.0) -> list[subprocess.Popen]:
-    start = time.time() + start_delay
-    return [spawn_py(ENGINE, env=dict(e, START_AT=str(start), SRC=src)) for e in envs]
+def engines(envs: list[dict], src: str, together: bool = False) -> list[subprocess.Popen]:
+    """Start one engine per environment; ``together``: hold them at a gate until all are up."""
+    if not together:
+        return [spawn_py(ENGINE, env=dict(e, SRC=src)) for e in envs]
+    gate = Path(tempfile.mkdtemp(prefix="gate-", dir=Path(envs[0]["STUBCACHE_DIR"]).parent)) / "open"
+    procs = [spawn_py(ENGINE, env=dict(e, GATE=str(gate), SRC=src)) for e in envs]
+    for p in procs:
+        assert p.stdout.readline().strip() == "ready", p.communicate()
+    gate.touch()
+    return procs
 
 
 def finish(procs: list[subprocess.Popen], timeout: float = 120) -> list[tuple[dict, str]]:
@@ -102,6 +112,15 @@ def stats(root: Path) -> dict:
     proc = subprocess.run([sys.executable, "-m", "stubcache", "--cache-dir", str(root), "stats", "--format", "json"],
                           capture_output=True, text=True, check=True)
     return json.loads(proc.stdout)
+
+
+def lease_polls(server) -> int:
+    """How many times hosts have polled a fleet lease since the last ``CONFIG RESETSTAT`` (only a
+    waiting host's poll sends GETRANGE)."""
+    for line in server.command("INFO", "commandstats").decode().splitlines():
+        if line.startswith("cmdstat_getrange:"):
+            return int(line.split("calls=")[1].split(",")[0])
+    return 0
 
 
 def blob_keys(server) -> list[str]:
@@ -146,10 +165,10 @@ def test_import_stubcache_does_not_import_the_remote_tier(cache_root):
 
 def test_import_and_local_hit_neither_import_redis_nor_connect(redis, tmp_path, cxx):
     env = host_env(tmp_path, "a", redis.url)
-    [(first, _)] = finish(engines([env], value_src(5), 0))
+    [(first, _)] = finish(engines([env], value_src(5)))
     assert first["value"] == 5 and first["redis"]  # a miss talks to the remote store
     before = int(redis.info("total_connections_received"))
-    [(hit, _)] = finish(engines([env], value_src(5), 0))
+    [(hit, _)] = finish(engines([env], value_src(5)))
     assert hit == dict(first, redis=False)
     # no connection at all (the one counted is this INFO's own)
     assert int(redis.info("total_connections_received")) == before + 1
@@ -161,7 +180,7 @@ def test_import_and_local_hit_neither_import_redis_nor_connect(redis, tmp_path, 
 
 def test_three_hosts_four_processes_cold_compile_once_fleet_wide(redis, tmp_path, cxx):
     envs = [host_env(tmp_path, h, redis.url) for h in "abc" for _ in range(4)]
-    results = finish(engines(envs, value_src(42), 1.5))
+    results = finish(engines(envs, value_src(42), together=True))
     assert [r["value"] for r, _ in results] == [42] * 12
     assert cxx.compiles() == 1
     assert len({r["key"] for r, _ in results}) == 1
@@ -191,8 +210,9 @@ def test_builder_host_killed_mid_compile_lease_expires_and_another_host_takes_ov
         assert time.time() < deadline and builder.poll() is None, builder.communicate()
         time.sleep(0.02)
     b = host_env(tmp_path, "b", redis.url, STUBCACHE_REMOTE_LEASE=lease)
-    waiter = engines([b], value_src(9), 0)  # sees host a's lease and waits for its blob
-    time.sleep(0.5)
+    redis.command("CONFIG", "RESETSTAT")
+    waiter = engines([b], value_src(9))  # sees host a's lease and waits for its blob
+    wait_until(lambda: lease_polls(redis) >= 2, "host b to wait on host a's lease", proc=waiter[0])
     os.killpg(builder.pid, signal.SIGKILL)  # the builder host dies mid-compile (compiler too)
     builder.wait()
     [(res, err)] = finish(waiter)
@@ -201,7 +221,7 @@ def test_builder_host_killed_mid_compile_lease_expires_and_another_host_takes_ov
     remote = stats(tmp_path / "host-b")["remote"]
     assert remote["lease_takeovers"] == 1 and remote["uploads"] == 1
     # a third host now downloads what b built
-    [(res_c, _)] = finish(engines([host_env(tmp_path, "c", redis.url)], value_src(9), 0))
+    [(res_c, _)] = finish(engines([host_env(tmp_path, "c", redis.url)], value_src(9)))
     assert res_c["value"] == 9 and cxx.compiles() == 2
 
 
@@ -209,12 +229,12 @@ def test_slow_builder_keeps_its_lease_by_heartbeat(redis, tmp_path, cxx):
     lease = "0.6"  # the compile below takes several lease lifetimes
     a = host_env(tmp_path, "a", redis.url, STUBCACHE_REMOTE_LEASE=lease, STUBCACHE_TEST_CXX_SLEEP="2.5")
     b = host_env(tmp_path, "b", redis.url, STUBCACHE_REMOTE_LEASE=lease)
-    pa = engines([a], value_src(11), 0)
+    pa = engines([a], value_src(11))
     mark_deadline = time.time() + 30
     while not cxx.compiles():
         assert time.time() < mark_deadline
         time.sleep(0.02)
-    pb = engines([b], value_src(11), 0)
+    pb = engines([b], value_src(11))
     results = finish(pa + pb)
     assert [r["value"] for r, _ in results] == [11, 11]
     assert cxx.compiles() == 1  # b waited through many lease lifetimes: a renewed it
@@ -225,12 +245,12 @@ def test_slow_builder_keeps_its_lease_by_heartbeat(redis, tmp_path, cxx):
 def test_slow_builder_does_not_stall_the_fleet_past_the_lock_timeout(redis, tmp_path, cxx):
     a = host_env(tmp_path, "a", redis.url, STUBCACHE_TEST_CXX_SLEEP="8")
     b = host_env(tmp_path, "b", redis.url, STUBCACHE_LOCK_TIMEOUT="1")
-    pa = engines([a], value_src(12), 0)
+    pa = engines([a], value_src(12))
     deadline = time.time() + 30
     while not cxx.compiles():
         assert time.time() < deadline
         time.sleep(0.02)
-    [(res, err)] = finish(engines([b], value_src(12), 0))
+    [(res, err)] = finish(engines([b], value_src(12)))
     assert res["value"] == 12 and "gave up after" in err  # b stopped waiting for a at its bound
     remote = stats(tmp_path / "host-b")["remote"]
     assert remote["lease_waits"] == 1 and remote["hits"] == 0
@@ -240,7 +260,7 @@ def test_slow_builder_does_not_stall_the_fleet_past_the_lock_timeout(redis, tmp_
 
 def test_a_failed_build_releases_the_lease_and_every_host_gets_the_error(redis, tmp_path, cxx):
     broken = 'extern "C" int value(void) { return ; }\n'
-    procs = engines([host_env(tmp_path, h, redis.url) for h in "ab"], broken, 0.5)
+    procs = engines([host_env(tmp_path, h, redis.url) for h in "ab"], broken, together=True)
     for p in procs:
         _, err = p.communicate(timeout=120)
         assert p.returncode != 0 and "BuildError" in err
@@ -262,8 +282,8 @@ def _forge(blob: bytes, key: str, library: bytes, secret: bytes | None) -> bytes
 
 @pytest.mark.parametrize("attack", ["forged_library", "unsigned", "wrong_secret", "replayed_key"])
 def test_tampered_blob_is_refused_with_the_secret_set(redis, tmp_path, cxx, attack):
-    [(a, _)] = finish(engines([host_env(tmp_path, "a", redis.url)], value_src(1), 0))
-    [(evil, _)] = finish(engines([host_env(tmp_path, "evil", redis.url)], value_src(666), 0))
+    [(a, _)] = finish(engines([host_env(tmp_path, "a", redis.url)], value_src(1)))
+    [(evil, _)] = finish(engines([host_env(tmp_path, "evil", redis.url)], value_src(666)))
     r = redis.client()
     good = r.get(PREFIX + a["key"])
     evil_lib = Path(evil["path"]).read_bytes()
@@ -279,7 +299,7 @@ def test_tampered_blob_is_refused_with_the_secret_set(redis, tmp_path, cxx, atta
         forged = r.get(PREFIX + evil["key"])
     r.set(PREFIX + a["key"], forged)
     cxx.reset()
-    [(b, err)] = finish(engines([host_env(tmp_path, "b", redis.url)] * 2, value_src(1), 0.5))[:1]
+    [(b, err)] = finish(engines([host_env(tmp_path, "b", redis.url)] * 2, value_src(1), together=True))[:1]
     assert b["value"] == 1  # its own build, not the planted code
     assert cxx.compiles() == 1
     assert err.count("refused remote blob") <= 1
@@ -288,17 +308,17 @@ def test_tampered_blob_is_refused_with_the_secret_set(redis, tmp_path, cxx, atta
     # blobs are never overwritten (a host with a wrong secret must not replace the fleet's):
     # the bad blob stays, and every host refuses it and builds for itself
     assert r.get(PREFIX + a["key"]) == forged
-    [(c, _)] = finish(engines([host_env(tmp_path, "c", redis.url)], value_src(1), 0))
+    [(c, _)] = finish(engines([host_env(tmp_path, "c", redis.url)], value_src(1)))
     assert c["value"] == 1 and cxx.compiles() == 2
     r.delete(PREFIX + a["key"])  # the operator removes it; the next builder uploads a good one
-    finish(engines([host_env(tmp_path, "d", redis.url)], value_src(1), 0))
-    [(e, _)] = finish(engines([host_env(tmp_path, "e", redis.url)], value_src(1), 0))
+    finish(engines([host_env(tmp_path, "d", redis.url)], value_src(1)))
+    [(e, _)] = finish(engines([host_env(tmp_path, "e", redis.url)], value_src(1)))
     assert e["value"] == 1 and cxx.compiles() == 3 and stats(tmp_path / "host-e")["remote"]["hits"] == 1
 
 
 def test_insecure_read_mode_still_checks_sha256_and_preimage(redis, tmp_path, cxx):
-    [(a, _)] = finish(engines([host_env(tmp_path, "a", redis.url)], value_src(2), 0))
-    [(evil, _)] = finish(engines([host_env(tmp_path, "evil", redis.url)], value_src(667), 0))
+    [(a, _)] = finish(engines([host_env(tmp_path, "a", redis.url)], value_src(2)))
+    [(evil, _)] = finish(engines([host_env(tmp_path, "evil", redis.url)], value_src(667)))
     r = redis.client()
     good = r.get(PREFIX + a["key"])
     _, manifest, _ = split(good)
@@ -306,7 +326,7 @@ def test_insecure_read_mode_still_checks_sha256_and_preimage(redis, tmp_path, cx
     env = host_env(tmp_path, "b", redis.url, STUBCACHE_REMOTE_MODE="read", STUBCACHE_REMOTE_INSECURE="1",
                    STUBCACHE_REMOTE_SECRET="")
     cxx.reset()
-    [(b, err)] = finish(engines([env], value_src(2), 0))
+    [(b, err)] = finish(engines([env], value_src(2)))
     assert b["value"] == 2 and cxx.compiles() == 1 and "does not match the manifest" in err
     assert blob_keys(redis) == sorted([a["key"], evil["key"]])  # read mode uploads nothing
 
@@ -317,8 +337,8 @@ def test_hosts_with_different_fingerprints_never_share(redis, tmp_path, cxx):
     wrapper2 = other / "c++"
     wrapper2.write_text(cxx.path.read_text())
     wrapper2.chmod(0o755)
-    [(a, _)] = finish(engines([host_env(tmp_path, "a", redis.url)], value_src(3), 0))
-    [(b, _)] = finish(engines([host_env(tmp_path, "b", redis.url, CXX=str(wrapper2))], value_src(3), 0))
+    [(a, _)] = finish(engines([host_env(tmp_path, "a", redis.url)], value_src(3)))
+    [(b, _)] = finish(engines([host_env(tmp_path, "b", redis.url, CXX=str(wrapper2))], value_src(3)))
     assert a["value"] == b["value"] == 3
     assert a["key"] != b["key"] and cxx.compiles() == 2
     assert blob_keys(redis) == sorted([a["key"], b["key"]])
@@ -333,7 +353,7 @@ def test_hosts_with_different_fingerprints_never_share(redis, tmp_path, cxx):
     # A writer holding the secret, on another toolchain, with a self-consistent entry key.
     m.update(key=entry_key(b["key"], m["headers"], absent_paths(m["inputs"])), base_key=b["key"])
     r.set(PREFIX + b["key"], encode(b["key"], json.dumps(m).encode(), library, SECRET.encode()))
-    [(c, err)] = finish(engines([host_env(tmp_path, "c", redis.url, CXX=str(wrapper2))], value_src(3), 0))
+    [(c, err)] = finish(engines([host_env(tmp_path, "c", redis.url, CXX=str(wrapper2))], value_src(3)))
     assert c["value"] == 3 and "pre-image differs" in err
     assert cxx.compiles() == 3
 
@@ -380,9 +400,9 @@ def test_keys_are_host_independent_and_nothing_host_specific_is_in_them(redis, t
 
 
 def test_redis_killed_mid_run_engines_still_start(own_redis, tmp_path, cxx):
-    [(a, _)] = finish(engines([host_env(tmp_path, "a", own_redis.url)], value_src(21), 0))
+    [(a, _)] = finish(engines([host_env(tmp_path, "a", own_redis.url)], value_src(21)))
     own_redis.kill()
-    results = finish(engines([host_env(tmp_path, "b", own_redis.url)] * 3, value_src(21), 0.5))
+    results = finish(engines([host_env(tmp_path, "b", own_redis.url)] * 3, value_src(21), together=True))
     assert [r["value"] for r, _ in results] == [21] * 3
     assert cxx.compiles() == 2  # host b builds once for itself
     warned = [err for _, err in results if "remote cache" in err]
@@ -394,7 +414,7 @@ def test_redis_stopped_every_call_times_out_and_engines_start(own_redis, tmp_pat
     own_redis.pause()  # accepts connections (kernel backlog), never answers
     try:
         results = finish(engines([host_env(tmp_path, "a", own_redis.url, STUBCACHE_REMOTE_TIMEOUT="0.5")] * 2,
-                                 value_src(22), 0), timeout=60)
+                                 value_src(22)), timeout=60)
     finally:
         own_redis.resume()
     assert [r["value"] for r, _ in results] == [22, 22] and cxx.compiles() == 1
@@ -406,7 +426,7 @@ def test_redis_full_refuses_the_upload_and_the_engine_starts(own_redis, tmp_path
     used = int(own_redis.info("used_memory"))
     own_redis.command("CONFIG", "SET", "maxmemory-policy", "noeviction")
     own_redis.command("CONFIG", "SET", "maxmemory", str(used + 4096))
-    [(a, err)] = finish(engines([host_env(tmp_path, "a", own_redis.url)], value_src(23), 0))
+    [(a, err)] = finish(engines([host_env(tmp_path, "a", own_redis.url)], value_src(23)))
     assert a["value"] == 23 and "maxmemory" in err and err.count("unusable") == 1
     assert own_redis.command("KEYS", PREFIX + "*") == b"*0"
     own_redis.command("CONFIG", "SET", "maxmemory", "0")
@@ -418,7 +438,8 @@ def test_a_partial_upload_is_never_visible(own_redis, tmp_path, cxx):
     head = b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (len(PREFIX) + 32, (PREFIX + key).encode(), total)
     with socket.create_connection(("127.0.0.1", own_redis.port)) as s:
         s.sendall(head + b"x" * (total // 2))  # the uploader dies half way
-    time.sleep(0.2)
+    # the server has read all it will get of that connection once it has dropped it
+    wait_until(lambda: own_redis.info("connected_clients") == "1", "the server to drop the uploader")
     assert own_redis.command("EXISTS", PREFIX + key) == b":0"
 
 
@@ -426,8 +447,8 @@ def test_a_partial_upload_is_never_visible(own_redis, tmp_path, cxx):
 
 
 def test_require_hit_is_served_by_the_remote_store(redis, tmp_path, cxx):
-    finish(engines([host_env(tmp_path, "a", redis.url)], value_src(31), 0))
-    [(b, _)] = finish(engines([host_env(tmp_path, "b", redis.url, STUBCACHE_REQUIRE_HIT="1")], value_src(31), 0))
+    finish(engines([host_env(tmp_path, "a", redis.url)], value_src(31)))
+    [(b, _)] = finish(engines([host_env(tmp_path, "b", redis.url, STUBCACHE_REQUIRE_HIT="1")], value_src(31)))
     assert b["value"] == 31 and cxx.compiles() == 1
     proc = spawn_py(ENGINE, env=dict(host_env(tmp_path, "c", redis.url, STUBCACHE_REQUIRE_HIT="1"), SRC=value_src(32)))
     _, err = proc.communicate(timeout=60)
@@ -442,7 +463,7 @@ def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 def test_cli_ls_prune_doctor_remote(redis, tmp_path, cxx):
     env = host_env(tmp_path, "a", redis.url)
-    [(a, _)] = finish(engines([env], value_src(41), 0))
+    [(a, _)] = finish(engines([env], value_src(41)))
     ls = json.loads(cli("ls", "--remote", "--format", "json", env=env).stdout)
     assert [(e["key"], e["name"], e["signed"], e["error"]) for e in ls] == [(a["key"], "fleet", True, None)]
     table = cli("ls", "--remote", env=env).stdout
@@ -453,14 +474,14 @@ def test_cli_ls_prune_doctor_remote(redis, tmp_path, cxx):
     dry = cli("prune", "--remote", "--max-age", "1d", "--dry-run", env=env)
     assert dry.returncode == 0 and "would remove 1 blob" in dry.stdout and "not a stubcache blob" in dry.stdout
     assert cli("prune", "--remote", env=env).returncode == 2  # --max-age is required
-    time.sleep(1.1)
+    time.sleep(1.1)  # not a synchronisation: the blobs must grow older than the --max-age below
     done = cli("prune", "--remote", "--max-age", "1s", "--yes", env=env)
     assert done.returncode == 0 and "removed 2 blob(s)" in done.stdout
     assert blob_keys(redis) == []
     doc = json.loads(cli("doctor", "--format", "json", env=env).stdout)
     checks = {c["name"]: c for c in doc["checks"]}
     assert checks["remote connection"]["status"] == "ok" and checks["remote writes"]["status"] == "ok"
-    finish(engines([env], value_src(42), 0))
+    finish(engines([env], value_src(42)))
     doc = json.loads(cli("doctor", "--format", "json", env=dict(env, STUBCACHE_REMOTE_SECRET="x" * 20)).stdout)
     checks = {c["name"]: c for c in doc["checks"]}
     assert checks["remote secret"]["status"] == "error" and doc["errors"] >= 1
@@ -480,10 +501,10 @@ def test_blob_built_from_files_that_differ_here_is_refused(redis, tmp_path, cxx)
     inc.mkdir()
     (inc / "val.h").write_text("#define VAL 1\n")
     src = '#include <val.h>\nextern "C" int value(void) { return VAL; }\n'
-    [(a, _)] = finish(engines([host_env(tmp_path, "a", redis.url, CPATH=str(inc))], src, 0))
+    [(a, _)] = finish(engines([host_env(tmp_path, "a", redis.url, CPATH=str(inc))], src))
     assert a["value"] == 1 and blob_keys(redis) == [a["key"]] and a["entry"] != a["key"]
     (inc / "val.h").write_text("#define VAL 2\n")  # host b's copy of the header differs
-    [(b, err)] = finish(engines([host_env(tmp_path, "b", redis.url, CPATH=str(inc))], src, 0))
+    [(b, err)] = finish(engines([host_env(tmp_path, "b", redis.url, CPATH=str(inc))], src))
     assert b["value"] == 2 and "differ on this host" in err
     assert cxx.compiles() == 2
 
@@ -508,13 +529,13 @@ def test_read_mode_never_writes_to_the_remote_store(own_redis, tmp_path, cxx):
         server.command("CONFIG", "RESETSTAT")
         changes = int(server.info("rdb_changes_since_last_save"))
         [(res, err)] = finish(engines([host_env(tmp_path, host, server.url, STUBCACHE_REMOTE_MODE="read")],
-                                      value_src(n), 0))
+                                      value_src(n)))
         assert write_commands() == {} and int(server.info("rdb_changes_since_last_save")) == changes, host
         assert res["value"] == n
         return res, err
 
     reader("cold", 41)
-    [(a, _)] = finish(engines([host_env(tmp_path, "w", server.url)], value_src(42), 0))  # a writer
+    [(a, _)] = finish(engines([host_env(tmp_path, "w", server.url)], value_src(42)))  # a writer
     reader("hit", 42)
     assert stats(tmp_path / "host-hit")["remote"]["hits"] == 1
     client = server.client()
@@ -554,8 +575,8 @@ def test_rediss_tls_through_the_bounded_connection(tmp_path, cache_root, cxx):
         pytest.skip("this redis-server has no TLS support")
     try:
         url = f"rediss://127.0.0.1:{port}/0?ssl_cert_reqs=none"
-        results = finish([*engines([host_env(tmp_path, "a", url)], value_src(71), 0)])
-        results += finish(engines([host_env(tmp_path, "b", url)], value_src(71), 0))
+        results = finish([*engines([host_env(tmp_path, "a", url)], value_src(71))])
+        results += finish(engines([host_env(tmp_path, "b", url)], value_src(71)))
         assert [r["value"] for r, _ in results] == [71, 71] and all(not e.strip() for _, e in results)
         assert cxx.compiles() == 1 and stats(tmp_path / "host-b")["remote"]["hits"] == 1
     finally:

@@ -82,13 +82,13 @@ def test_a_crawling_link_cannot_stall_an_engine_past_the_call_timeout(server, tm
     # Host a builds and uploads (a blob of some kilobytes); host b reaches Redis through a link
     # that delivers one byte every 20 ms: each read gets a byte well within the timeout, so only
     # a bound on the whole call stops the download (uncapped it would take minutes).
-    [(a, _)] = finish(engines([host_env(tmp_path, "a", server.url)], value_src(31), 0))
+    [(a, _)] = finish(engines([host_env(tmp_path, "a", server.url)], value_src(31)))
     size = int(server.command("STRLEN", PREFIX + a["key"])[1:])
     assert size > 4000
     relay = TrickleRelay(server.port, gap=0.02)
     try:
         [(b, err)] = finish(engines([host_env(tmp_path, "b", relay.url, STUBCACHE_REMOTE_TIMEOUT="1")],
-                                    value_src(31), 0), timeout=90)
+                                    value_src(31)), timeout=90)
     finally:
         relay.close()
     assert b["value"] == 31 and "unusable" in err and err.count("unusable") == 1
@@ -99,13 +99,13 @@ def test_a_crawling_link_cannot_stall_an_engine_past_the_call_timeout(server, tm
 def test_a_huge_planted_lease_value_is_never_downloaded_by_waiting_hosts(server, tmp_path, cxx):
     # A writer to Redis plants a 32 MiB "lease" on a key nobody builds: a waiting host polls the
     # lease many times a second; it must learn that a lease exists without fetching its value.
-    [(a, _)] = finish(engines([host_env(tmp_path, "a", server.url)], value_src(32), 0))
+    [(a, _)] = finish(engines([host_env(tmp_path, "a", server.url)], value_src(32)))
     key = a["key"]
     client = server.client()
     client.delete(PREFIX + key)
     client.set("stubcache:v1:lease:" + key, b"x" * (32 << 20))
     before = int(server.info("total_net_output_bytes"))
-    [(b, err)] = finish(engines([host_env(tmp_path, "b", server.url, STUBCACHE_LOCK_TIMEOUT="2")], value_src(32), 0))
+    [(b, err)] = finish(engines([host_env(tmp_path, "b", server.url, STUBCACHE_LOCK_TIMEOUT="2")], value_src(32)))
     sent = int(server.info("total_net_output_bytes")) - before
     assert b["value"] == 32 and "gave up" in err
     assert sent < 1 << 20, f"the server sent {sent} bytes to a host waiting on a planted lease"
@@ -151,9 +151,9 @@ def test_a_blip_during_the_build_does_not_cost_the_builder_its_lease(server, tmp
         assert time.time() < deadline and builder.poll() is None, builder.communicate()
         time.sleep(0.02)
     server.pause()
-    time.sleep(2.5)
+    time.sleep(2.5)  # the blip under test: one heartbeat period plus the call timeout, within the lease
     server.resume()
-    [(b, _)] = finish(engines([host_env(tmp_path, "b", server.url, STUBCACHE_REMOTE_LEASE="6")], value_src(33), 0))
+    [(b, _)] = finish(engines([host_env(tmp_path, "b", server.url, STUBCACHE_REMOTE_LEASE="6")], value_src(33)))
     [(res_a, err_a)] = finish([builder])
     assert res_a["value"] == b["value"] == 33
     assert "unusable" in err_a  # the failed renewal was reported (once)
@@ -186,22 +186,22 @@ def test_a_deeply_nested_manifest_does_not_break_ls_or_prune_remote(server, tmp_
 def test_insecure_read_mode_refuses_a_deeply_nested_manifest_and_starts(server, tmp_path, cxx):
     from stubcache.remote.blob import encode
 
-    [(a, _)] = finish(engines([host_env(tmp_path, "a", server.url)], value_src(51), 0))
+    [(a, _)] = finish(engines([host_env(tmp_path, "a", server.url)], value_src(51)))
     server.client().set(PREFIX + a["key"], encode(a["key"], NESTED, b"lib", None))
     r = host_env(tmp_path, "r", server.url, STUBCACHE_REMOTE_MODE="read", STUBCACHE_REMOTE_INSECURE="1")
     del r["STUBCACHE_REMOTE_SECRET"]
-    [(res, err)] = finish(engines([r], value_src(51), 0))
+    [(res, err)] = finish(engines([r], value_src(51)))
     assert res["value"] == 51 and "refused remote blob" in err and "unreadable manifest" in err
     assert stats(tmp_path / "host-r")["remote"]["rejected_blobs"] == 1
 
 
 @pytest.mark.parametrize("where", ["blob", "lease"])
 def test_a_value_of_the_wrong_type_leaves_the_engine_to_build_locally(server, tmp_path, cxx, where):
-    [(a, _)] = finish(engines([host_env(tmp_path, "a", server.url)], value_src(61), 0))
+    [(a, _)] = finish(engines([host_env(tmp_path, "a", server.url)], value_src(61)))
     client = server.client()
     client.delete(PREFIX + a["key"])
     client.rpush(f"stubcache:v1:{where}:" + a["key"], b"x", b"y")  # a list where a string belongs
-    [(b, err)] = finish(engines([host_env(tmp_path, "b", server.url)], value_src(61), 0))
+    [(b, err)] = finish(engines([host_env(tmp_path, "b", server.url)], value_src(61)))
     assert b["value"] == 61 and err.count("unusable") == 1 and "WRONGTYPE" in err
     assert cxx.compiles() == 2
 
