@@ -11,6 +11,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
 
 from . import pool as torch_pool
+from .backend import MemoryBackend
 from .errors import ArenaClosedError, ArenaError, ArenaExhaustedError, CommitError, SlotsExhaustedError
 from .stub import Slot, StubLibrary, StubTiming, load_stub
 
@@ -48,7 +49,7 @@ def _parse_device(device: Any) -> tuple[str, int]:
 class _Resources:
     """What an arena owns, released once (by ``close`` or when the arena is collected)."""
 
-    def __init__(self, backend: Any, slot: Slot) -> None:
+    def __init__(self, backend: MemoryBackend, slot: Slot) -> None:
         self.backend = backend
         self.slot = slot
         self.pool: Any = None
@@ -118,7 +119,7 @@ class KvArena:
                 raise ValueError("granularity is set by the CUDA driver; pass it only for a host arena")
             from .cuda import CudaBackend
 
-            backend: Any = CudaBackend(reserve_bytes, index)
+            backend: MemoryBackend = CudaBackend(reserve_bytes, index)
         else:
             from .host import HostBackend
 

@@ -101,6 +101,20 @@ def _assert_in(arena, t) -> None:
     assert t.device == torch.device(arena.device)
 
 
+def test_the_cuda_backend_satisfies_the_backend_protocol(driver):
+    from kvarena.cuda import CudaBackend
+
+    from ..test_kvarena_backends import check_instance
+
+    backend = CudaBackend(64 * MiB, torch.cuda.current_device())
+    try:
+        check_instance(backend)
+        backend.grow(0, backend.granularity)
+        assert backend.mapped_bytes() == backend.granularity
+    finally:
+        backend.release()
+
+
 def test_tensors_come_from_the_arena_at_aligned_offsets_and_hold_data(cache, driver):
     from kvarena import KvArena
 
