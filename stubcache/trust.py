@@ -1,4 +1,4 @@
-"""Ownership and permission checks before anything from the cache is loaded (invariant 6).
+"""Ownership and permission checks before anything from the cache is loaded (docs/design.md, invariant 6).
 
 A private root (the default) trusts paths owned by you or root and writable by nobody else. A
 shared root (``stubcache init --shared --group G``) records its trusted group in

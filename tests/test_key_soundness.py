@@ -1,4 +1,4 @@
-"""Key soundness (DESIGN invariant 10), one class of input at a time, with real compiles in
+"""Key soundness (docs/design.md, invariant 10), one class of input at a time, with real compiles in
 fresh processes: build -> change the input -> a new process loads the new behaviour -> revert
 -> the old entry hits again (no compile)."""
 

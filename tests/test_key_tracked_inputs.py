@@ -1,4 +1,4 @@
-"""Key soundness (DESIGN invariant 10) for inputs the compiler and linker find for themselves:
+"""Key soundness (docs/design.md, invariant 10) for inputs the compiler and linker find for themselves:
 headers found by ``__has_include`` or by shadowing, archives and shared libraries on the library
 path, files named by flags, and the identity of the tools (linker, compiler proper, wrapper
 scripts). Each test runs the full protocol of tests/test_key_soundness.py (build -> change -> a
