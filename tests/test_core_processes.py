@@ -9,7 +9,6 @@ import signal
 import subprocess
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -162,11 +161,7 @@ def test_sigkill_mid_compile_does_not_block_the_next_process(cache_root, cxx, tm
         env=dict(os.environ, SRC=value_src(9), STUBCACHE_TEST_CXX_SLEEP="60", STUBCACHE_TEST_CXX_MARK=str(mark)),
         start_new_session=True)
     try:
-        for _ in range(600):
-            if mark.exists():
-                break
-            time.sleep(0.05)
-        assert mark.exists(), "victim never started compiling"
+        wait_until(mark.exists, "the victim to start compiling", proc=victim)
         waiter = spawn_py("""
         import os, stubcache
         print(stubcache.StubCache().load(stubcache.StubSpec('kill', os.environ['SRC'])).value())
@@ -218,10 +213,7 @@ def test_waiters_get_the_build_error_without_recompiling(cache_root, cxx, tmp_pa
     sys.exit(1)
     """
     first = spawn_py(code, env={"SRC": BROKEN, "STUBCACHE_TEST_CXX_SLEEP": "2", "STUBCACHE_TEST_CXX_MARK": str(mark)})
-    for _ in range(600):
-        if mark.exists():
-            break
-        time.sleep(0.05)
+    wait_until(mark.exists, "the first process to start compiling", proc=first)
     waiters = [spawn_py(code, env={"SRC": BROKEN}) for _ in range(3)]
     for p in [first, *waiters]:
         out, err = p.communicate(timeout=60)

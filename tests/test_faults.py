@@ -19,7 +19,7 @@ import stubcache
 from stubcache import StubCache, StubSpec
 from stubcache.store import Store, file_sha256
 
-from .conftest import run_py
+from .conftest import run_py, wait_until
 
 IS_ROOT = os.geteuid() == 0
 
@@ -97,11 +97,7 @@ def test_lock_held_past_the_timeout_builds_privately(cache_root, cxx, tmp_path):
                               env=dict(os.environ, SRC=src(4), NAME="held", STUBCACHE_TEST_CXX_SLEEP="30",
                                        STUBCACHE_TEST_CXX_MARK=str(mark)))
     try:
-        for _ in range(600):
-            if mark.exists():
-                break
-            time.sleep(0.05)
-        assert mark.exists()
+        wait_until(mark.exists, "the holder to start compiling", proc=holder)
         code = """
         import os, stubcache
         e = stubcache.StubCache().get_or_build(stubcache.StubSpec("held", os.environ["SRC"]))

@@ -25,7 +25,7 @@ import pytest
 from stubcache import StubCache, StubSpec
 from stubcache.shared import init_root
 
-from .conftest import run_py
+from .conftest import run_py, wait_until
 
 IS_ROOT = os.geteuid() == 0
 GROUP = "schostile"
@@ -360,10 +360,8 @@ def test_a_stopped_prune_does_not_stall_an_engine_start(cache_root, point):
     pruner = subprocess.Popen([sys.executable, "-m", "stubcache", "prune", "--max-size", "0", "--yes"], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 60
-        while Path(f"/proc/{pruner.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
-            assert time.monotonic() < deadline and pruner.poll() is None, "prune never reached the fault point"
-            time.sleep(0.05)
+        wait_until(lambda: Path(f"/proc/{pruner.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T",
+                   "prune to stop at the fault point", proc=pruner)
         proc = run_py(LOAD, env={"SRC": src(5), "NAME": "stopped", "STUBCACHE_LOCK_TIMEOUT": "1.5"}, timeout=120)
         value, published = proc.stdout.split()[:2]
         assert value == "5", proc.stderr
@@ -704,10 +702,8 @@ def test_hashing_a_tracked_path_never_opens_a_fifo_or_device(tmp_path):
     writer = subprocess.Popen([sys.executable, "-c", f"open({str(fifo)!r}, 'w')"])
     try:
         wchan = f"/proc/{writer.pid}/wchan"
-        deadline = time.monotonic() + 60
-        while Path(wchan).read_text() != "wait_for_partner":  # blocked in open(), waiting for a reader
-            assert time.monotonic() < deadline and writer.poll() is None
-            time.sleep(0.01)
+        wait_until(lambda: Path(wchan).read_text() == "wait_for_partner",  # blocked in open(), for a reader
+                   "the writer to block opening the FIFO", proc=writer)
         with pytest.raises(fsroot.NotRegularFile):
             file_sha256(str(fifo))
         assert not still_valid({str(fifo): "0" * 64}, None)

@@ -15,7 +15,7 @@ from stubcache.store import Store
 
 from _synthetic import fake_entry  # benchmarks/_synthetic.py, on sys.path by conftest
 
-from .conftest import run_py, spawn_py
+from .conftest import run_py, spawn_py, wait_until
 from .test_cli_support import build_real, cli_json, run_cli, tree_snapshot
 
 DAY = 86400.0
@@ -137,10 +137,7 @@ def test_killed_builders_staging_removed_live_builders_kept(cache_root, cxx, tmp
     builder = spawn_py(code, env={"STUBCACHE_TEST_CXX_SLEEP": "60", "STUBCACHE_TEST_CXX_MARK": str(mark)})
     store = Store(str(cache_root))
     try:
-        deadline = time.time() + 60
-        while not mark.exists():
-            assert time.time() < deadline and builder.poll() is None, builder.communicate()
-            time.sleep(0.02)
+        wait_until(mark.exists, "the builder to start compiling", proc=builder)
         staging = os.listdir(store.path("staging"))
         assert len(staging) == 1 and f"-{builder.pid}-" in staging[0]
         assert os.listdir(store.path("leases"))

@@ -205,10 +205,7 @@ def test_builder_host_killed_mid_compile_lease_expires_and_another_host_takes_ov
                  STUBCACHE_TEST_CXX_MARK=str(mark))
     builder = subprocess.Popen([sys.executable, "-c", ENGINE], env=dict(os.environ, **a, SRC=value_src(9)),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    deadline = time.time() + 60
-    while not mark.exists():
-        assert time.time() < deadline and builder.poll() is None, builder.communicate()
-        time.sleep(0.02)
+    wait_until(mark.exists, "host a to start compiling", proc=builder)
     b = host_env(tmp_path, "b", redis.url, STUBCACHE_REMOTE_LEASE=lease)
     redis.command("CONFIG", "RESETSTAT")
     waiter = engines([b], value_src(9))  # sees host a's lease and waits for its blob
@@ -230,10 +227,7 @@ def test_slow_builder_keeps_its_lease_by_heartbeat(redis, tmp_path, cxx):
     a = host_env(tmp_path, "a", redis.url, STUBCACHE_REMOTE_LEASE=lease, STUBCACHE_TEST_CXX_SLEEP="2.5")
     b = host_env(tmp_path, "b", redis.url, STUBCACHE_REMOTE_LEASE=lease)
     pa = engines([a], value_src(11))
-    mark_deadline = time.time() + 30
-    while not cxx.compiles():
-        assert time.time() < mark_deadline
-        time.sleep(0.02)
+    wait_until(cxx.compiles, "host a to start compiling", proc=pa[0])
     pb = engines([b], value_src(11))
     results = finish(pa + pb)
     assert [r["value"] for r, _ in results] == [11, 11]
@@ -246,10 +240,7 @@ def test_slow_builder_does_not_stall_the_fleet_past_the_lock_timeout(redis, tmp_
     a = host_env(tmp_path, "a", redis.url, STUBCACHE_TEST_CXX_SLEEP="8")
     b = host_env(tmp_path, "b", redis.url, STUBCACHE_LOCK_TIMEOUT="1")
     pa = engines([a], value_src(12))
-    deadline = time.time() + 30
-    while not cxx.compiles():
-        assert time.time() < deadline
-        time.sleep(0.02)
+    wait_until(cxx.compiles, "host a to start compiling", proc=pa[0])
     [(res, err)] = finish(engines([b], value_src(12)))
     assert res["value"] == 12 and "gave up after" in err  # b stopped waiting for a at its bound
     remote = stats(tmp_path / "host-b")["remote"]

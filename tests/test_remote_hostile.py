@@ -12,6 +12,7 @@ import time
 import pytest
 
 from . import redis_server
+from .conftest import wait_until
 from .test_remote import PREFIX, blob_keys, engines, finish, host_env, stats, value_src  # noqa: F401
 
 if not redis_server.available():
@@ -146,10 +147,7 @@ def test_a_blip_during_the_build_does_not_cost_the_builder_its_lease(server, tmp
                  STUBCACHE_TEST_CXX_SLEEP="8", STUBCACHE_TEST_CXX_MARK=str(mark))
     builder = subprocess.Popen([sys.executable, "-c", ENGINE], env=dict(os.environ, **a, SRC=value_src(33)),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 60
-    while not mark.exists():
-        assert time.time() < deadline and builder.poll() is None, builder.communicate()
-        time.sleep(0.02)
+    wait_until(mark.exists, "host a to start compiling", proc=builder)
     server.pause()
     time.sleep(2.5)  # the blip under test: one heartbeat period plus the call timeout, within the lease
     server.resume()
@@ -229,10 +227,7 @@ print(sorted(t.name for t in threading.enumerate() if t.name.startswith("stubcac
 """
     proc = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, **a, SRC=value_src(81)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 60
-    while not mark.exists():
-        assert time.time() < deadline and proc.poll() is None, proc.communicate()
-        time.sleep(0.02)
+    wait_until(mark.exists, "host a to start compiling", proc=proc)
     leases = tmp_path / "host-a" / "v1" / "leases"
     [lease] = [p for p in leases.iterdir() if p.name.endswith(".json")]
     lease.unlink()
