@@ -10,7 +10,6 @@ from _thread import LockType, RLock, allocate_lock  # threading's locks without 
 
 from . import events, fsroot
 from ._lazy import lazy_module
-from ._version import __version__
 from .fingerprint import Fingerprint
 from .errors import (BuildError, CacheMissError, IntegrityError, LockTimeoutError, StubCacheError,
                      TrustError)
@@ -689,6 +688,8 @@ class StubCache:
     # --- building and publishing -----------------------------------------------------------------
 
     def _manifest_for(self, spec: StubSpec, base: str, result, sha: str, size: int) -> Manifest:
+        from . import __version__
+
         key = entry_key(base, result.headers, absent_paths(result.inputs))
         return Manifest(
             key=key, base_key=base, name=spec.name, module_name=result.module_name,
