@@ -18,6 +18,7 @@ from .stub import Slot, StubLibrary, StubTiming, load_stub
 if TYPE_CHECKING:
     import stubcache
     import torch
+    from torch.cuda.memory import CUDAPluggableAllocator
 
 log = logging.getLogger("kvarena")
 
@@ -52,8 +53,8 @@ class _Resources:
     def __init__(self, backend: MemoryBackend, slot: Slot) -> None:
         self.backend = backend
         self.slot = slot
-        self.pool: Any = None
-        self.allocator: Any = None
+        self.pool: "torch.cuda.MemPool | None" = None
+        self.allocator: "CUDAPluggableAllocator | None" = None
         self.backend_released = False
 
     def release_allocator(self) -> None:
@@ -221,7 +222,7 @@ class KvArena:
         return self._stub.timing
 
     @property
-    def pool(self) -> Any:
+    def pool(self) -> "torch.cuda.MemPool | None":
         """The ``torch.cuda.MemPool`` of a CUDA arena (``None`` on the host)."""
         self._check_open()
         return self._res.pool
@@ -317,7 +318,7 @@ class KvArena:
         return self._use(check_reuse=True)
 
     @contextlib.contextmanager
-    def _use(self, check_reuse: bool) -> Iterator[Any]:
+    def _use(self, check_reuse: bool) -> "Iterator[torch.cuda.MemPool]":
         self._check_open()
         pool = self._res.pool
         if pool is None:

@@ -14,7 +14,11 @@ returns them) so they are tested without a GPU.
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable, NamedTuple
+from typing import TYPE_CHECKING, Iterable, NamedTuple
+
+if TYPE_CHECKING:
+    import torch
+    from torch.cuda.memory import CUDAPluggableAllocator
 
 log = logging.getLogger("kvarena")
 
@@ -32,7 +36,8 @@ class Span(NamedTuple):
     state: str = ""
 
 
-def make_pool(library_path: str, alloc_name: str, free_name: str, device_index: int) -> tuple[Any, Any]:
+def make_pool(library_path: str, alloc_name: str, free_name: str,
+              device_index: int) -> "tuple[torch.cuda.MemPool, CUDAPluggableAllocator]":
     """``(MemPool, CUDAPluggableAllocator)`` for one slot, bound to ``cuda:device_index``.
 
     The pool is created inside ``torch.cuda.device(device_index)``: torch records the current
@@ -55,7 +60,7 @@ def make_pool(library_path: str, alloc_name: str, free_name: str, device_index: 
     return pool, allocator
 
 
-def snapshot(pool: Any) -> list[dict]:
+def snapshot(pool: "torch.cuda.MemPool") -> list[dict]:
     """torch's segments of ``pool`` on every device (no stack traces)."""
     import inspect
 
