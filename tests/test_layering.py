@@ -15,9 +15,9 @@ from .conftest import REPO, run_py
 # The admin side: commands and the scans and plans behind them. A process that only loads stubs
 # never needs them (docs/design.md, "Layers").
 ADMIN = ("stubcache.__main__", "stubcache.cli", "stubcache.audit", "stubcache.doctor", "stubcache.explain",
-         "stubcache.prune", "stubcache.scan", "stubcache.stats", "stubcache.prometheus", "stubcache.verify",
-         "stubcache.shared", "stubcache.sizecap", "stubcache.specref", "stubcache.run", "stubcache.remote.admin",
-         "stubcache.remote.commands")
+         "stubcache.entryfilter", "stubcache.manifestscan", "stubcache.prune", "stubcache.scan", "stubcache.stats",
+         "stubcache.prometheus", "stubcache.verify", "stubcache.shared", "stubcache.sizecap", "stubcache.specref",
+         "stubcache.run", "stubcache.remote.admin")
 # The one way from the load path into the admin side: after a publish, with STUBCACHE_MAX_SIZE
 # set, the cache starts the size cap (which plans with prune's code).
 LOAD_TO_ADMIN = {("stubcache.cache", "stubcache.sizecap")}
