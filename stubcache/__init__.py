@@ -14,10 +14,6 @@ from __future__ import annotations
 
 import sys as _sys
 
-# The version, in one place: pyproject.toml reads this line (setuptools ``attr:``, parsed without
-# importing) and manifests record it. A literal here costs nothing at import.
-__version__ = "0.1.0"
-
 if "-m" in _sys.orig_argv and _sys.orig_argv[_sys.orig_argv.index("-m") + 1:][:1] == ["stubcache"]:
     # `python -m stubcache` put the working directory first on sys.path; a module planted there
     # (json.py, ctypes.py, a spec module for `warm`) must not be imported by an administrator's
@@ -30,7 +26,7 @@ if "-m" in _sys.orig_argv and _sys.orig_argv[_sys.orig_argv.index("-m") + 1:][:1
 from .cache import Entry, StubCache
 from .errors import (BuildError, CacheMissError, IntegrityError, LockTimeoutError, StubCacheError,
                      TrustError)
-from .manifest import Manifest
+from .manifest import Manifest, __version__
 from .spec import StubSpec
 
 # The drop-ins and torch's patching are imported when first used: a hit through StubCache

@@ -15,7 +15,7 @@ from .errors import (BuildError, CacheMissError, IntegrityError, LockTimeoutErro
                      TrustError)
 from .events import Event
 from .key import base_key, entry_key, preimage
-from .manifest import MANIFEST_NAME, Manifest
+from .manifest import MANIFEST_NAME, Manifest, __version__
 from .mapped import check_mapped
 from .spec import StubSpec
 from .inputs import CLOCK_SLACK_NS, absent_paths, still_valid
@@ -688,8 +688,6 @@ class StubCache:
     # --- building and publishing -----------------------------------------------------------------
 
     def _manifest_for(self, spec: StubSpec, base: str, result, sha: str, size: int) -> Manifest:
-        from . import __version__
-
         key = entry_key(base, result.headers, absent_paths(result.inputs))
         return Manifest(
             key=key, base_key=base, name=spec.name, module_name=result.module_name,

@@ -10,6 +10,11 @@ if TYPE_CHECKING:
 
 MANIFEST_NAME = "manifest.json"
 
+# The package version, in one place: every manifest records it, ``stubcache.__version__``
+# re-exports it and ``pyproject.toml`` reads this line (setuptools ``attr:``, parsed without
+# importing). Every process imports this module anyway, so it costs nothing at import.
+__version__ = "0.1.0"
+
 
 class Manifest:
     """A published entry's ``manifest.json`` (written once, never modified).

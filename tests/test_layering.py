@@ -1,30 +1,59 @@
-"""The layering of docs/design.md, enforced: which modules may import which, read from the
-source with ``ast`` (imports inside functions included), and what ``import stubcache`` and a hit
-load in a fresh process."""
+"""The layering of docs/design.md, enforced: its layer table read from the doc, every import in
+``stubcache/`` read from the source with ``ast`` (imports inside functions included), and what
+``import stubcache`` and a hit load in a fresh process."""
 
 from __future__ import annotations
 
 import ast
 import json
+import re
 from pathlib import Path
 
 import stubcache
 
 from .conftest import REPO, run_py
 
-# The admin side: commands and the scans and plans behind them. A process that only loads stubs
-# never needs them (docs/design.md, "Layers").
-ADMIN = ("stubcache.__main__", "stubcache.cli", "stubcache.audit", "stubcache.doctor", "stubcache.explain",
-         "stubcache.entryfilter", "stubcache.manifestscan", "stubcache.prune", "stubcache.scan", "stubcache.stats",
-         "stubcache.prometheus", "stubcache.verify", "stubcache.shared", "stubcache.sizecap", "stubcache.specref",
-         "stubcache.run", "stubcache.remote.admin")
-# The one way from the load path into the admin side: after a publish, with STUBCACHE_MAX_SIZE
-# set, the cache starts the size cap (which plans with prune's code).
-LOAD_TO_ADMIN = {("stubcache.cache", "stubcache.sizecap")}
+DESIGN = REPO / "docs" / "design.md"
+
+
+def _layers_section() -> str:
+    return DESIGN.read_text().split("## Layers", 1)[1].split("\n## ", 1)[0]
+
+
+def layers() -> list[tuple[str, list[str]]]:
+    """The layer table of docs/design.md, top layer first: ``(layer, module patterns)``; a
+    pattern ending in ``/`` is a package and everything in it."""
+    rows = []
+    for line in _layers_section().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) == 3 and cells[0] not in ("layer", "---"):
+            rows.append((cells[0], re.findall(r"`([\w/]+)`", cells[1])))
+    return rows
+
+
+def _name(pattern: str) -> str:
+    name = "stubcache." + pattern.rstrip("/").replace("/", ".")
+    return name[: -len(".__init__")] if name.endswith(".__init__") else name
+
+
+def exceptions() -> set[tuple[str, str]]:
+    """The allowed upward imports listed under the table (``- `a` → `b`: why``)."""
+    return {(_name(a), _name(b)) for a, b in re.findall(r"^- `([\w/]+)` → `([\w/]+)`", _layers_section(), re.M)}
+
+
+def layer_of(module: str, table: list[tuple[str, list[str]]]) -> int | None:
+    """The index of the layer holding ``module`` (0: the top one), or ``None``."""
+    for i, (_, patterns) in enumerate(table):
+        for p in patterns:
+            name = _name(p)
+            if module == name or (p.endswith("/") and module.startswith(name + ".")):
+                return i
+    return None
 
 
 def is_admin(module: str) -> bool:
-    return any(module == a or module.startswith(a + ".") for a in ADMIN)
+    table = layers()
+    return layer_of(module, table) == [name for name, _ in table].index("admin")
 
 
 def modules(package: str) -> dict[str, Path]:
@@ -57,8 +86,8 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
-            out.add(mod)
-            out.update(f"{mod}.{a.name}" for a in node.names)
+            subs = {f"{mod}.{a.name}" for a in node.names} & known
+            out.update(subs or {mod})  # `from . import x` imports the module x, not the package
     return {m for m in out if m in known and m != name}
 
 
@@ -68,15 +97,27 @@ def graph(package: str) -> dict[str, set[str]]:
     return {name: imports(name, path, known) for name, path in mods.items()}
 
 
-def test_the_load_path_never_imports_the_admin_side():
+def test_imports_follow_the_layers_of_docs_design():
+    table, allowed = layers(), exceptions()
+    assert [name for name, _ in table][:1] == ["admin"] and len(table) >= 8 and len(allowed) == 2
     g = graph("stubcache")
-    assert any(is_admin(m) for m in g) and "stubcache.cache" in g  # the lists above still name real modules
-    for a in ADMIN:
-        assert any(m == a or m.startswith(a + ".") for m in g), f"{a} is gone: update ADMIN and docs/design.md"
-    bad = sorted((m, dep) for m, deps in g.items() if not is_admin(m)
-                 for dep in deps if is_admin(dep) and (m, dep) not in LOAD_TO_ADMIN)
-    assert bad == [], "load-path modules importing admin modules (see docs/design.md):\n" + "\n".join(
-        f"  {m} -> {dep}" for m, dep in bad)
+    unplaced = sorted(m for m in g if layer_of(m, table) is None)
+    assert unplaced == [], f"modules in no layer of docs/design.md (add them to its table): {unplaced}"
+    for _, patterns in table:
+        for p in patterns:
+            assert any(layer_of(m, [("", [p])]) == 0 for m in g), f"docs/design.md names `{p}`, which is gone"
+    upward = sorted((m, dep) for m, deps in g.items() for dep in deps
+                    if layer_of(dep, table) < layer_of(m, table) and (m, dep) not in allowed)
+    assert upward == [], "imports against the layers of docs/design.md:\n" + "\n".join(
+        f"  {m} ({table[layer_of(m, table)][0]}) -> {d} ({table[layer_of(d, table)][0]})" for m, d in upward)
+    for m, dep in allowed:  # the listed exceptions are still real
+        assert dep in g.get(m, ()), f"docs/design.md lists {m} -> {dep}, which is gone"
+
+
+def test_the_load_path_never_imports_the_admin_side():
+    g, allowed = graph("stubcache"), exceptions()
+    into_admin = sorted((m, d) for m, deps in g.items() if not is_admin(m) for d in deps if is_admin(d))
+    assert into_admin == [("stubcache.cache", "stubcache.sizecap")] and into_admin[0] in allowed, into_admin
 
 
 def test_stubcache_never_imports_kvarena_and_kvarena_uses_only_the_public_api():
