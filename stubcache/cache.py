@@ -667,7 +667,7 @@ class StubCache:
 
     def _verify(self, entry: Entry, policy: TrustPolicy, efd: int) -> None:
         """Checksum (first time per process), trust checks and a whole-entry shape check, all on
-        the entry directory open as ``efd``."""
+        the entry directory open as ``efd`` (invariants 5 and 6 of docs/design.md)."""
         if entry.path in self._verified:
             return
         edir = os.path.dirname(entry.path)

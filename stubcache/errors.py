@@ -8,7 +8,7 @@ class StubCacheError(Exception):
 
 
 class BuildError(StubCacheError, RuntimeError):
-    """A stub failed to compile or link.
+    """A stub failed to compile or link (invariant 8 of docs/design.md).
 
     A :class:`RuntimeError`, as torch's own build failures are, so ``except RuntimeError`` written
     against ``torch.utils.cpp_extension`` keeps catching it; the message has torch's shape,

@@ -330,6 +330,7 @@ def describe_holder(store: "Store", base: str, fd: int | None = None) -> str:
 
 def acquire(store: "Store", base: str, timeout: float, name: str, published=None) -> Lock | None:
     """Acquire the build lock of ``base`` (``locks/<base>.lock``); returns a held :class:`Lock`.
+    Invariants 1, 4 and 11 of docs/design.md rest on it.
 
     An exclusive ``flock`` on that file, waited for at most ``timeout`` seconds with
     :func:`wait_flock`, re-tried every 2-10 ms (the ``published`` probe between attempts is one

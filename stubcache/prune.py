@@ -2,7 +2,8 @@
 
 ``plan_prune`` turns a :class:`~stubcache.scan.CacheScan` and a :class:`PrunePolicy` into a
 :class:`PrunePlan` that can be printed (``--dry-run``) before :func:`execute_plan` carries it
-out. Execution re-checks everything at the moment of removal, so a stale plan is still safe:
+out. Execution re-checks everything at the moment of removal, so a stale plan is still safe
+(invariant 7 of docs/design.md):
 
 * an entry is removed only while holding an exclusive ``flock`` on ``pins/<key>`` (taken
   non-blocking; every process that has loaded the entry holds a shared one, so if it fails the

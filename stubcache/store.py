@@ -266,8 +266,9 @@ class Store:
         return os.path.join(self.base, "staging", name)
 
     def publish(self, staged_entry: str, manifest: Manifest) -> bool:
-        """Rename a complete entry directory into place. Returns False if one already existed
-        (the existing entry wins and ``staged_entry`` is left for the caller to remove)."""
+        """Rename a complete entry directory into place (invariant 3 of docs/design.md). Returns
+        False if one already existed (the existing entry wins and ``staged_entry`` is left for the
+        caller to remove)."""
         # Every step relative to the staging directory's descriptor, opened without following
         # links: nothing here can be redirected out of the root.
         parent, entry_name = os.path.split(os.path.abspath(staged_entry))
