@@ -78,7 +78,10 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
     for node in ast.walk(tree):
         if id(node) in skip:
             continue
-        if isinstance(node, ast.Import):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "lazy_module" and node.args \
+                and isinstance(node.args[0], ast.Constant):
+            out.add(node.args[0].value)  # stubcache._lazy: an import on first use
+        elif isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
