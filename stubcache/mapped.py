@@ -112,7 +112,7 @@ def check_mapped(path: str, st: os.stat_result, sha256: str, handle: int | None 
         try:
             span = _first_segment(fd, handle)
             mapped = os.stat(f"/proc/self/map_files/{span}") if span else None
-        except (OSError, ValueError):
+        except (OSError, ValueError, OverflowError):  # a header pread cannot follow: the full way
             mapped = None
         if mapped is not None and (mapped.st_dev, mapped.st_ino) == (st.st_dev, st.st_ino):
             _checked.add(path)

@@ -39,3 +39,29 @@ def test_a_hit_is_checked_without_reading_proc_maps(cache_root, monkeypatch):
     entry = cache.get_or_build(stubcache.StubSpec("direct_check", 'extern "C" int f(void) { return 3; }'))
     assert cache.load_entry(entry).f() == 3
     assert os.path.realpath(entry.path) in mapped._checked
+
+
+def test_a_verified_file_with_an_unreadable_elf_header_goes_the_full_way(cache_root, tmp_path):
+    """Whatever the verified file's ELF header says (here a program header table at an offset
+    past 2**63, which ``pread`` cannot even take), the direct way only gives up: the full scan
+    of /proc/self/maps decides, and refuses a mapped file that is not the verified one."""
+    import hashlib
+    import struct
+
+    import pytest
+
+    entry = stubcache.StubCache().get_or_build(stubcache.StubSpec("odd_elf", 'extern "C" int f(void) { return 4; }'))
+    real = os.path.realpath(entry.path)
+    head = bytearray(64)
+    head[:6] = b"\x7fELF\x02\x01"  # ELF64, little-endian
+    struct.pack_into("<Q", head, 32, (1 << 63) + 64)  # e_phoff
+    struct.pack_into("<HH", head, 54, 56, 1)  # e_phentsize, e_phnum
+    odd = tmp_path / "odd.so"
+    odd.write_bytes(bytes(head))
+    fd = os.open(odd, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        lib = ctypes.CDLL(real)
+        with pytest.raises(stubcache.IntegrityError, match="not the verified file"):
+            mapped.check_mapped(real, os.fstat(fd), hashlib.sha256(bytes(head)).hexdigest(), lib._handle, fd)
+    finally:
+        os.close(fd)
