@@ -301,11 +301,13 @@ class StubCache:
         return self._lock_timeout if self._lock_timeout is not None else locking.lock_timeout_from_env()
 
     def _store_policy(self, root: str) -> TrustPolicy | None:
-        """The policy the local store is made with (its files' modes): the root's, checked now
-        (:meth:`_root_policy`); ``None`` (private modes) for a root that is not trusted or cannot
-        be checked, which get_or_build checks again and reports where it uses the root."""
+        """The policy the local store is made with (its files' modes): the root's as it is now;
+        ``None`` (private modes) for a root that is not trusted or cannot be checked. Nothing is
+        remembered: whether the root is trusted is decided where it is first used
+        (:meth:`_root_policy`), which may be long after start-up, and a root made, shared,
+        fixed or spoilt meanwhile is judged as it is then."""
         try:
-            return self._root_policy(root)
+            return root_policy(root)
         except (TrustError, OSError):
             return None
 
@@ -330,6 +332,10 @@ class StubCache:
             if policy is None:
                 return private_policy()
             self._policies[root] = policy
+            if root == self.store.root and policy.shared != self.store.shared:
+                # Shared (or no longer) since this cache was made: what it creates from now on
+                # gets the modes of the root it trusts.
+                self.store = Store(root, policy)
         return policy
 
     def _event(self, ev: str, key: str, seconds: float | None = None, **extra) -> None:

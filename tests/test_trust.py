@@ -342,3 +342,44 @@ def test_shared_root_header_tracked_entries_serve_other_members(shared_root, tes
     assert b.returncode == 0, b.stderr
     assert a.stdout.split() == b.stdout.split() and a.stdout.split()[0] == "31"
     assert len(os.listdir(shared_root / "v1" / "entries")) == 1
+
+
+def test_trust_is_decided_where_the_root_is_used_not_where_the_cache_is_made(cache_root):
+    """An engine makes its StubCache at start-up and first uses it later: the root is checked at
+    that first use. A root that became unsafe meanwhile (here: writable by others) is not used,
+    and one that became safe meanwhile is."""
+    StubCache().get_or_build(StubSpec("trust_late", src(31)))  # the root exists, this user's
+    early = StubCache()
+    os.chmod(cache_root, 0o777)
+    try:
+        entry = early.get_or_build(StubSpec("trust_late", src(32)))
+        assert not entry.published and not entry.path.startswith(str(cache_root))
+        late_ok = StubCache()
+    finally:
+        os.chmod(cache_root, 0o700)
+    assert late_ok.get_or_build(StubSpec("trust_late", src(33))).published
+
+
+def test_a_root_shared_after_the_cache_was_made_gets_the_groups_modes(tmp_path, monkeypatch):
+    """A root that did not exist when the engine made its StubCache and was then set up as a
+    shared root: what the engine publishes there gets the group's modes, as a fresh cache's does."""
+    import grp
+
+    parent = tmp_path / "p"
+    parent.mkdir(mode=0o755)
+    root = parent / "cache"
+    for name in ("STUBCACHE_REQUIRE_HIT", "STUBCACHE_LOCK_TIMEOUT", "STUBCACHE_SEED_DIRS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("STUBCACHE_DIR", str(root))
+    monkeypatch.setenv("STUBCACHE_TRUSTED_ROOTS", str(root))  # uid 0 trusts a group only explicitly
+    early = StubCache()
+    init_root(str(root), grp.getgrgid(os.getgid()).gr_name)
+    late = early.get_or_build(StubSpec("late_shared", src(41)))
+    fresh = StubCache().get_or_build(StubSpec("late_shared", src(42)))
+    assert late.published and fresh.published
+
+    def modes(entry):
+        return [stat.S_IMODE(os.stat(p).st_mode) for p in (os.path.dirname(entry.path), entry.path)]
+
+    assert modes(late) == modes(fresh)
+    assert modes(fresh)[0] & 0o050 == 0o050  # the group can list the entry
