@@ -129,7 +129,7 @@ def load_root_config(root: str, extra_uids: frozenset = frozenset()) -> tuple[Tr
 
         cfg = _json.loads(data.decode("utf-8"))
         gid = cfg.get("gid") if cfg.get("mode") == "shared" else None
-    except (ValueError, UnicodeDecodeError, AttributeError):
+    except (ValueError, UnicodeDecodeError, AttributeError, RecursionError):  # nested past the parser
         raise TrustError(f"refusing cache config {path}: not valid JSON; recreate it with `stubcache init`") from None
     if gid is None:
         policy = TrustPolicy(extra_uids=extra_uids) if extra_uids else private_policy()

@@ -383,3 +383,17 @@ def test_a_root_shared_after_the_cache_was_made_gets_the_groups_modes(tmp_path, 
 
     assert modes(late) == modes(fresh)
     assert modes(fresh)[0] & 0o050 == 0o050  # the group can list the entry
+
+
+def test_a_config_nested_too_deeply_is_an_unsafe_root_not_a_crash(cache_root):
+    """A root anyone may write to, where someone planted a stubcache-root.json nested deeper than
+    the parser goes: one warning and a private build, as for any unsafe root (not a
+    RecursionError out of StubCache() or get_or_build)."""
+    StubCache().get_or_build(StubSpec("deep_cfg", src(51)))  # the root exists
+    (cache_root / "stubcache-root.json").write_text("[" * 100_000)
+    os.chmod(cache_root, 0o777)
+    try:
+        entry = StubCache().get_or_build(StubSpec("deep_cfg", src(52)))
+    finally:
+        os.chmod(cache_root, 0o700)
+    assert not entry.published
