@@ -65,3 +65,26 @@ def test_a_verified_file_with_an_unreadable_elf_header_goes_the_full_way(cache_r
             mapped.check_mapped(real, os.fstat(fd), hashlib.sha256(bytes(head)).hexdigest(), lib._handle, fd)
     finally:
         os.close(fd)
+
+
+def test_a_mismatch_of_the_first_segment_goes_the_full_way(cache_root, tmp_path, monkeypatch):
+    """The direct way never refuses on its own: when the object's first mapping is not the
+    verified descriptor's file (here a byte-identical copy stands for it, as overlayfs reports
+    another inode), /proc/self/maps is read and the mapped bytes are compared with the checksum."""
+    import hashlib
+    import shutil
+
+    entry = stubcache.StubCache().get_or_build(stubcache.StubSpec("copy_seg", 'extern "C" int f(void) { return 5; }'))
+    real = os.path.realpath(entry.path)
+    copy = tmp_path / "copy.so"
+    shutil.copyfile(real, copy)
+    scans = []
+    full = mapped._mappings
+    monkeypatch.setattr(mapped, "_mappings", lambda path: scans.append(path) or full(path))
+    fd = os.open(copy, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        lib = ctypes.CDLL(real)
+        mapped.check_mapped(real, os.fstat(fd), hashlib.sha256(copy.read_bytes()).hexdigest(), lib._handle, fd)
+    finally:
+        os.close(fd)
+    assert scans == [real] and real in mapped._checked
