@@ -236,3 +236,16 @@ print(sorted(t.name for t in threading.enumerate() if t.name.startswith("stubcac
     out, err = proc.communicate(timeout=120)
     assert out.splitlines()[-1] == "[]", (out, err)  # no heartbeat left running
     assert server.command("KEYS", "stubcache:v1:lease:*") == b"*0"  # released, not left to expire
+
+
+def test_a_planted_lease_nested_past_the_parser_leaves_the_engine_to_build(server, tmp_path, cxx):
+    # A writer to Redis plants a lease value nested deeper than the JSON parser goes (within the
+    # 1 KiB of it that a waiting host reads): naming the holder in the "gave up" message must
+    # not raise RecursionError out of the engine's start.
+    [(a, _)] = finish(engines([host_env(tmp_path, "a", server.url)], value_src(33), 0))
+    key = a["key"]
+    client = server.client()
+    client.delete(PREFIX + key)
+    client.set("stubcache:v1:lease:" + key, b"[" * 1024)
+    [(b, err)] = finish(engines([host_env(tmp_path, "b", server.url, STUBCACHE_LOCK_TIMEOUT="2")], value_src(33), 0))
+    assert b is not None and b["value"] == 33 and "gave up" in err, err

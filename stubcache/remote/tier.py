@@ -314,5 +314,5 @@ def _describe(lease: str | None) -> str:
     try:
         info = json.loads(lease)
         return f"pid {info.get('pid')} on {info.get('host')}"
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):  # anyone may write a lease: nested past the parser
         return "another host"
