@@ -249,3 +249,17 @@ def test_a_planted_lease_nested_past_the_parser_leaves_the_engine_to_build(serve
     client.set("stubcache:v1:lease:" + key, b"[" * 1024)
     [(b, err)] = finish(engines([host_env(tmp_path, "b", server.url, STUBCACHE_LOCK_TIMEOUT="2")], value_src(33), 0))
     assert b is not None and b["value"] == 33 and "gave up" in err, err
+
+
+def test_a_planted_lease_cannot_write_control_characters_to_the_log(server, tmp_path, cxx):
+    # The holder named in "waiting for"/"gave up" messages comes from a lease anyone with access
+    # to Redis may write: its values are escaped as a local lease's are, so it cannot send
+    # terminal escape sequences or forge log lines.
+    [(a, _)] = finish(engines([host_env(tmp_path, "a", server.url)], value_src(34), 0))
+    key = a["key"]
+    client = server.client()
+    client.delete(PREFIX + key)
+    client.set("stubcache:v1:lease:" + key, json.dumps({"pid": "\x1b[2J1", "host": "h\nstubcache: forged"}))
+    [(b, err)] = finish(engines([host_env(tmp_path, "b", server.url, STUBCACHE_LOCK_TIMEOUT="2")], value_src(34), 0))
+    assert b["value"] == 34 and "gave up" in err, err
+    assert "\x1b" not in err and "\nstubcache: forged" not in err, err

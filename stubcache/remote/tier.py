@@ -312,7 +312,9 @@ def _describe(lease: str | None) -> str:
     if not lease:
         return "another host"
     try:
+        from ..fsroot import printable
+
         info = json.loads(lease)
-        return f"pid {info.get('pid')} on {info.get('host')}"
+        return f"pid {printable(info.get('pid'), 32)} on {printable(info.get('host'), 64)}"
     except (ValueError, AttributeError, RecursionError):  # anyone may write a lease: nested past the parser
         return "another host"
