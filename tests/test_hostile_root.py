@@ -609,14 +609,19 @@ def test_init_shared_never_follows_planted_symlinks(tmp_path):
     assert oct(victim.stat().st_mode & 0o777) == oct(0o600)
 
 
+def _root_only_file(path):
+    """A file outside the root that only root may read (the target of a planted hard link)."""
+    path.write_text("root only\n")
+    os.chown(path, 0, 0)
+    path.chmod(0o600)
+    return path
+
+
 def test_root_doctor_fix_and_init_never_chmod_or_chgrp_a_hard_link_to_a_file_outside(shared, users):
     root, outside = shared
     # A file only root may read. (With fs.protected_hardlinks=1 a member can link only files she
     # can read and write; with 0, or for such files, she links anything: planted here as root.)
-    secret = outside / "secret"
-    secret.write_text("root only\n")
-    os.chown(secret, 0, 0)
-    secret.chmod(0o600)
+    secret = _root_only_file(outside / "secret")
     v1 = root / "v1"
     [key] = os.listdir(v1 / "entries")
     os.link(secret, v1 / "locks" / ("ab" * 16 + ".lock"))
@@ -635,10 +640,7 @@ def test_root_doctor_fix_and_init_never_chmod_or_chgrp_a_hard_link_to_a_file_out
 
 def test_root_prune_and_rebuild_never_chmod_a_hard_link_where_a_lock_file_belongs(shared, users):
     root, outside = shared
-    secret = outside / "secret"
-    secret.write_text("root only\n")
-    os.chown(secret, 0, 0)
-    secret.chmod(0o600)
+    secret = _root_only_file(outside / "secret")
     os.utime(secret, (1_000_000_000, 1_000_000_000))
     v1 = root / "v1"
     [key] = os.listdir(v1 / "entries")

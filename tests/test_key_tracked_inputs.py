@@ -101,6 +101,17 @@ def test_new_header_beside_the_including_header_misses(cache_root, cxx, tmp_path
     cycle(cxx, spec, lambda: beside.write_text("#define VAL 2\n"), beside.unlink)
 
 
+def _script_setter(path, body):
+    """``use(n)`` returns a step that replaces the executable script ``path`` with ``body(n)``."""
+    def use(n: int):
+        def go():
+            path.unlink(missing_ok=True)
+            path.write_text(body(n))
+            path.chmod(0o755)
+        return go
+    return use
+
+
 def _archive(tmp_path, out, n: int, shared: bool = False) -> None:
     src = tmp_path / f"dep{n}.c"
     src.write_text(f"int dep_value(void) {{ return {n}; }}\n")
@@ -200,12 +211,7 @@ def test_linker_chosen_by_the_spec_flags_is_identified(cache_root, cxx, tmp_path
         _archive(tmp_path, tools / f"libv{n}.a", n)
     gold = tools / "ld.gold"
 
-    def use(n: int):
-        def go():
-            gold.unlink(missing_ok=True)
-            gold.write_text(f'#!/bin/sh\nexec {shutil.which("ld.gold")} "$@" {tools}/libv{n}.a\n')
-            gold.chmod(0o755)
-        return go
+    use = _script_setter(gold, lambda n: f'#!/bin/sh\nexec {shutil.which("ld.gold")} "$@" {tools}/libv{n}.a\n')
 
     use(1)()
     spec = {"name": "own_linker", "cpp_sources": DEP_SRC, "extra_ldflags": [f"-B{tools}/", "-fuse-ld=gold"]}
@@ -239,12 +245,7 @@ def test_compiler_path_linker_is_identified_even_after_a_probe_without_it(cache_
         _archive(tmp_path, tools / f"libv{n}.a", n)
     ld = tools / "ld"
 
-    def use(n: int):
-        def go():
-            ld.unlink(missing_ok=True)
-            ld.write_text(f'#!/bin/sh\nexec {shutil.which("ld")} "$@" {tools}/libv{n}.a\n')
-            ld.chmod(0o755)
-        return go
+    use = _script_setter(ld, lambda n: f'#!/bin/sh\nexec {shutil.which("ld")} "$@" {tools}/libv{n}.a\n')
 
     use(1)()
     child({"name": "no_compiler_path", "cpp_sources": value_src("#define VAL 7")})  # memoises the probe
@@ -290,12 +291,7 @@ def test_compiler_proper_chosen_by_dash_b_is_identified(cache_root, cxx, tmp_pat
     tools.mkdir()
     cc1 = tools / "cc1plus"
 
-    def use(n: int):
-        def go():
-            cc1.unlink(missing_ok=True)
-            cc1.write_text(f'#!/bin/sh\nexec {real} "$@" -DVAL={n}\n')
-            cc1.chmod(0o755)
-        return go
+    use = _script_setter(cc1, lambda n: f'#!/bin/sh\nexec {real} "$@" -DVAL={n}\n')
 
     use(1)()
     spec = {"name": "own_cc1", "cpp_sources": value_src(), "extra_cflags": [f"-B{tools}/"]}
