@@ -280,7 +280,8 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 def cmd_config(args: argparse.Namespace) -> int:
     from ..errors import TrustError
-    from ..sizecap import DEFAULT_TOOLCHAIN_MAX_AGE, ENV_MAX_SIZE, SETTINGS, env_max_size, root_settings, set_setting
+    from ..sizecap import (DEFAULT_TOOLCHAIN_MAX_AGE, ENV_MAX_SIZE, NO_CAP, SETTINGS, effective_cap, env_cap,
+                           root_cap, root_settings, set_setting)
     from ..units import human_age, human_size
 
     root = _root(args)
@@ -299,26 +300,35 @@ def cmd_config(args: argparse.Namespace) -> int:
             raise Failed(str(exc)) from None
     try:
         stored = root_settings(root) if os.path.isdir(root) else {}
-        env = env_max_size()
+        env = env_cap()
     except (ValueError, TrustError) as exc:
         raise Failed(str(exc)) from None
-    caps = [v for v in (env, stored.get("max_size")) if v is not None]
-    effective = min(caps) if caps else None
+    rootc = root_cap(stored)
+    cap = effective_cap(env, rootc)
     age = stored.get("toolchain_max_age", DEFAULT_TOOLCHAIN_MAX_AGE)
 
     def size(v):
         return "-" if v is None else f"{human_size(v)} ({v} bytes)"
 
+    def given(c):
+        return size(c.limit) if not c.given or c.limit is not None else NO_CAP
+
+    def json_value(c):
+        return c.limit if not c.given or c.limit is not None else NO_CAP
+
+    source = {"default": f"default (no setting; `{NO_CAP}` turns it off)", "off": f"{NO_CAP}: no automatic cap",
+              "the smaller of the two": "the smaller of the two below"}.get(cap.source, cap.source)
+
     def text():
         yield f"cache root: {root}"
         yield table(["SETTING", "VALUE", "FROM"], [
-            ["max_size", size(effective), "the smaller of the two below" if len(caps) == 2 else
-             (ENV_MAX_SIZE if env is not None else "root config" if caps else "not set: no automatic cap")],
-            ["  root config max_size", size(stored.get("max_size")), "stubcache config set max_size SIZE"],
-            [f"  {ENV_MAX_SIZE}", size(env), "environment"],
+            ["max_size", size(cap.limit) if cap.limit is not None else NO_CAP, source],
+            ["  root config max_size", given(rootc), f"stubcache config set max_size SIZE|{NO_CAP}"],
+            [f"  {ENV_MAX_SIZE}", given(env), "environment"],
             ["toolchain_max_age", human_age(age), "root config" if "toolchain_max_age" in stored else "default"],
         ])
 
-    show(args, View(json={"root": root, "max_size": effective, "root_max_size": stored.get("max_size"),
-                          "env_max_size": env, "toolchain_max_age": age}, text=text))
+    show(args, View(json={"root": root, "max_size": cap.limit, "max_size_from": cap.source,
+                          "root_max_size": json_value(rootc), "env_max_size": json_value(env),
+                          "toolchain_max_age": age}, text=text))
     return EXIT_OK
