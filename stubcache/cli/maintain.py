@@ -131,34 +131,13 @@ def cmd_clear(args: argparse.Namespace) -> int:
 
     rc = _run_plan(args, PrunePolicy(everything=True, leftovers=True))
     if rc == EXIT_OK and args.stats and not args.dry_run:
-        n = _clear_events(_store(args))
-        note(args, f"stats reset: deleted {n} event file(s) of finished processes (live processes keep theirs)")
+        from .inspect import reset_view
+
+        view = reset_view(_store(args), args)  # the same reset as `stats --reset`
+        if view is not None and view.text is not None:
+            for line in view.text():
+                note(args, line)
     return rc
-
-
-def _clear_events(store) -> int:
-    """Delete event files of processes that are gone (a live process keeps appending to its own
-    and holds a shared flock on it)."""
-    from .. import fsroot
-    from ..stats import file_finished_at
-
-    removed = 0
-    try:
-        dfd = store.dir("events")
-    except OSError:
-        return 0
-    try:
-        for name in os.listdir(dfd):
-            if name.endswith(".jsonl") and not file_finished_at(dfd, name):
-                continue
-            try:
-                if fsroot.rmtree_at(dfd, name):
-                    removed += 1
-            except (OSError, ValueError):
-                pass
-    finally:
-        os.close(dfd)
-    return removed
 
 
 # --- verify ----------------------------------------------------------------------------------

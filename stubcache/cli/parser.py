@@ -93,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("stats", "inspect:cmd_stats", "counters folded from every process's event file")
     _fmt(p, ("table", "json", "prometheus"))
+    p.add_argument("--reset", action="store_true",
+                   help="zero the counters (entries are untouched); safe while processes run")
 
     def removal_opts(p: argparse.ArgumentParser) -> None:
         p.add_argument("--dry-run", "-n", action="store_true", help="print the plan; change nothing")
