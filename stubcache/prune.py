@@ -221,6 +221,22 @@ def plan_prune(scan: CacheScan, policy: PrunePolicy, current_fp: dict[str, Any] 
     return plan
 
 
+def plan_removal(scan: CacheScan, asked: dict[str, str]) -> PrunePlan:
+    """The plan of ``stubcache rm``: the entries of ``scan`` whose keys are in ``asked`` (key ->
+    why), in that order (no I/O). Broken entries too, since they were named (their removal never
+    follows what stands at their path); entries in use are skipped."""
+    plan = PrunePlan(entries_before=len(scan.entries), size_before=scan.total_size)
+    by_key = {e.key: e for e in scan.entries}
+    for key, why in asked.items():
+        e = by_key.get(key)
+        if e is None:
+            continue
+        if e.error is not None:
+            why = f"{why}; broken entry ({e.error})"
+        plan.items.append(_entry_item(e, why))
+    return plan
+
+
 def _leftover_items(leftovers: Iterable[Leftover], policy: PrunePolicy) -> list[PlanItem]:
     out = []
     for lo in leftovers:

@@ -60,7 +60,7 @@ def _plan_view(plan, args: argparse.Namespace, executed: bool, dry_run: bool) ->
 
 
 def _run_plan(args: argparse.Namespace, policy) -> int:
-    from ..prune import current_fingerprint, execute_plan, plan_prune
+    from ..prune import current_fingerprint, plan_prune
     from ..scan import scan_cache
 
     store = _store(args)
@@ -73,11 +73,21 @@ def _run_plan(args: argparse.Namespace, policy) -> int:
     if policy.toolchain_mismatch:
         fp = current_fingerprint(store, need_cuda=any("cuda" in e.fingerprint for e in scan.entries))
     plan = plan_prune(scan, policy, fp)
+    executed = _confirm_and_execute(args, store, plan)
+    if executed or not args.dry_run:
+        _compact_events(args, store, policy)
+    failed = [i for i in plan.items if i.outcome and i.outcome.startswith("failed")]
+    return EXIT_PROBLEMS if failed else EXIT_OK
+
+
+def _confirm_and_execute(args: argparse.Namespace, store, plan) -> bool:
+    """Show the plan (a dry run, or nothing to remove: that is all), ask unless ``--yes``, carry
+    it out and show the outcome. Returns whether it was carried out."""
+    from ..prune import execute_plan
+
     if args.dry_run or not plan.removals:
         show(args, _plan_view(plan, args, executed=False, dry_run=args.dry_run))
-        if not args.dry_run:
-            _compact_events(args, store, policy)
-        return EXIT_OK
+        return False
     if not args.yes:
         if is_text(args):  # the plan to confirm; JSON prints only the outcome
             show(args, _plan_view(plan, args, executed=False, dry_run=False))
@@ -89,9 +99,7 @@ def _run_plan(args: argparse.Namespace, policy) -> int:
     with Bar("removing") as bar:
         execute_plan(store, plan, progress=bar)
     show(args, _plan_view(plan, args, executed=True, dry_run=False))
-    _compact_events(args, store, policy)
-    failed = [i for i in plan.items if i.outcome and i.outcome.startswith("failed")]
-    return EXIT_PROBLEMS if failed else EXIT_OK
+    return True
 
 
 def _compact_events(args: argparse.Namespace, store, policy) -> None:
@@ -138,6 +146,43 @@ def cmd_clear(args: argparse.Namespace) -> int:
             for line in view.text():
                 note(args, line)
     return rc
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    """``rm KEY…|--name GLOB``: remove the named entries, with prune's safety (never one in use).
+    Exit 2 for a KEY that names nothing or is ambiguous, 1 if a named entry was not removed
+    (in use, being published, or a removal failed)."""
+    import fnmatch
+    import time
+
+    from ..keyref import KeyRefError, resolve_key
+    from ..prune import plan_removal
+    from ..scan import CacheScan, scan_entries
+
+    if not args.keys and args.name is None:
+        raise UsageError("rm needs one or more KEYs (spec keys or entry keys, or unique prefixes) or --name GLOB")
+    store = _store(args)
+    entries = scan_entries(store) if os.path.isdir(store.base) else []
+    asked: dict[str, str] = {}
+    for ref in args.keys:
+        try:
+            m = resolve_key(ref, entries)
+        except KeyRefError as exc:
+            raise UsageError(f"{exc} in {store.root}" if str(exc).startswith("no entry") else str(exc)) from None
+        for k in m.entries:
+            asked.setdefault(k, f"asked: {m.kind} {m.key[:12]}")
+    if args.name is not None:
+        named = [e.key for e in entries if fnmatch.fnmatchcase(e.name, args.name)]
+        if not named:
+            note(args, f"no entry's name matches {args.name!r}")
+        for k in named:
+            asked.setdefault(k, f"asked: name matches {args.name!r}")
+    plan = plan_removal(CacheScan(store.root, time.time(), entries, []), asked)
+    executed = _confirm_and_execute(args, store, plan)
+    if not executed:
+        return EXIT_PROBLEMS if plan.skipped and not args.dry_run else EXIT_OK
+    kept = [i for i in plan.items if i.outcome not in ("removed", "gone")]
+    return EXIT_PROBLEMS if kept else EXIT_OK
 
 
 # --- verify ----------------------------------------------------------------------------------
