@@ -163,9 +163,9 @@ def reset_view(store, args: argparse.Namespace) -> View | None:
         raise Failed(str(exc)) from None
     return View(json={"root": store.root, "reset_at": res.time, "deleted_files": res.deleted,
                       "live_files": res.live},
-                text=lambda: [f"stats reset at {iso(res.time)}: counters start from zero (entries untouched); "
-                              f"deleted {res.deleted} event file(s) of finished processes, kept {res.live} of "
-                              "live processes (their earlier events no longer count)"])
+                text=lambda: [f"stats reset: deleted {res.deleted} event file(s) of finished processes; "
+                              f"{res.live} live process(es) keep theirs, but their earlier events no longer "
+                              f"count; counting from {iso(res.time)}"])
 
 
 def _reset_stats(args: argparse.Namespace, store) -> int:
