@@ -19,7 +19,7 @@ from stubcache.manifest import Manifest
 from stubcache.store import Store
 
 from .conftest import run_py
-from .test_cli_support import build_real, cli_json, run_cli, tree_snapshot
+from .test_cli_support import build_real, cli_json, run_cli, stub_source, tree_snapshot
 
 HOLD = """
 import sys, stubcache
@@ -104,6 +104,15 @@ def test_rm_by_name_with_real_builds_and_confirmation(cache_root, cxx):
     assert [k for k in keys if k in _entries(cache_root)] == [k for k in keys if names[k] == "stub2"]
     nothing = run_cli(cache_root, "rm", "--name", "nomatch*", "-y")
     assert nothing.returncode == 0 and "no entry's name matches 'nomatch*'" in nothing.stdout
+    # The spec key (what `explain SPEC` prints; the entry key adds the tracked headers' contents).
+    (two,) = _entries(cache_root)
+    spec_key = run_py(f"from stubcache import StubCache, StubSpec\n"
+                      f"print(StubCache().key(StubSpec('stub2', {stub_source(2)!r})))").stdout.strip()
+    assert spec_key != two
+    res = cli_json(cache_root, "rm", spec_key[:8], "-y")
+    assert [(i["key"], i["reason"], i["outcome"]) for i in res["items"]] == [
+        (two, f"asked: spec key {spec_key[:12]}", "removed")]
+    assert _entries(cache_root) == set()
     # A removed entry is simply rebuilt by the next caller.
     cxx.reset()
     build_real([1], run_py)
