@@ -1,8 +1,8 @@
 """Scanning a cache root into plain data objects (for ``ls``, ``stats``, ``prune``, ``verify``).
 
 A scan only reads: one ``open``+``read`` of each manifest (plain ``json``), one ``stat`` of each
-pin (its mtime is the "last used" stamp, an atime of 0 says "never hit") and, unless asked not to, a non-blocking probe of each
-pin's lock to tell whether a live process has the entry loaded. It never imports torch and never
+pin (its mtime is the "last used" stamp, an atime of 0 says "never hit") and, unless asked not
+to, a non-blocking probe of each pin's lock to tell whether a live process has the entry loaded. It never imports torch and never
 hashes libraries (``verify`` does that).
 """
 
