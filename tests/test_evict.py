@@ -19,6 +19,7 @@ from stubcache.manifest import Manifest
 from stubcache.store import Store
 
 from .conftest import run_py
+from .test_hostile_root import shared, users  # noqa: F401 - fixtures (real users; root only)
 from .test_cli_support import build_real, cli_json, run_cli, stub_source, tree_snapshot
 
 HOLD = """
@@ -344,3 +345,27 @@ def test_differs_only_by_pid(candidate, wanted, pid, expected):
     from stubcache.pidhint import differs_only_by_pid
 
     assert differs_only_by_pid(candidate, wanted, pid) is expected
+
+
+# --- a shared root: a member's hit refreshes a pin another member owns ---------------------------
+
+
+def test_in_a_shared_root_a_members_hit_counts_on_a_pin_it_does_not_own(users, shared):
+    from .test_hostile_root import LOAD, run_as, src
+
+    root, _ = shared
+    (key,) = os.listdir(root / "v1" / "entries")
+    pin = root / "v1" / "pins" / key
+    assert pin.stat().st_uid == users["alice"].pw_uid
+    old = time.time() - 3 * 86400
+    os.utime(pin, ns=(0, int(old * 1e9)))  # published 3 days ago, never hit since
+    owner = pin.stat().st_uid
+    (entry,) = cli_json(root, "ls")
+    assert entry["never_hit"] is True
+    t_hit = time.time()
+    proc = run_as(users["mallory"], LOAD, {"STUBCACHE_DIR": str(root), "SRC": src(1)})
+    assert proc.returncode == 0 and proc.stdout.split()[:2] == ["1", "True"], proc.stderr
+    st = pin.stat()
+    assert st.st_uid == owner and st.st_mtime >= t_hit - 1 and st.st_atime_ns != 0
+    (entry,) = cli_json(root, "ls")
+    assert entry["never_hit"] is False and entry["last_used"] >= t_hit - 1
