@@ -68,7 +68,7 @@ def run(ctx: Ctx) -> dict:
     n = 4 if ctx.quick else 16
     fill = 6
     reps = ctx.reps(2, 5)
-    cases = {"no cap": (None, fill), "cap set, not reached": ("1G", fill),
+    cases = {"no cap": ("off", fill), "cap set, not reached": ("1G", fill),
              "cap exceeded by the publish": ("60K", fill)}
     data: dict[str, list[dict]] = {k: [] for k in cases}
     for rep in range(reps):

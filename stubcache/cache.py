@@ -379,6 +379,9 @@ class StubCache:
             if found is not None:
                 return found
             self._event(Event.MISS, base, name=spec.name)
+            from . import pidhint  # a miss only: a hit never imports it
+
+            pidhint.check_miss(self.store, spec.name, spec.canonical())
             return self._build(spec, base, timeout, t_wait, require_hit)
         finally:
             lock.release()

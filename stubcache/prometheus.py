@@ -26,6 +26,9 @@ METRICS = (
     ("stubcache_entries", "gauge", "Published entries in the cache.", "entries"),
     ("stubcache_bytes", "gauge", "Total size of the published entries in bytes.", "total_size"),
     ("stubcache_quarantine_items", "gauge", "Items in the quarantine directory.", "quarantine_items"),
+    ("stubcache_never_hit_entries", "gauge", "Entries no process has hit since they were published.",
+     "never_hit"),
+    ("stubcache_never_hit_bytes", "gauge", "Total size of the entries never hit, in bytes.", "never_hit_size"),
 )
 
 

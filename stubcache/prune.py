@@ -42,7 +42,8 @@ class PrunePolicy:
     """What to remove. Policies compose: an entry goes if any selected policy picks it.
 
     Attributes:
-        max_size: evict least recently used entries until the entries total at most this.
+        max_size: evict entries never hit, then least recently used ones, until the entries
+            total at most this.
         older_than: evict entries not used for longer than this many seconds.
         toolchain_mismatch: evict entries built for another torch/compiler/Python/platform.
         everything: remove every entry (``stubcache clear``).
@@ -163,12 +164,19 @@ def _entry_item(e: EntryRecord, reason: str) -> PlanItem:
     return PlanItem("entry", e.path, e.name, e.size, reason, key=e.key, base_key=e.base_key)
 
 
+def eviction_order(e: EntryRecord) -> tuple:
+    """The order in which a size cap evicts: entries no process has hit since they were
+    published first (a name or source that embeds a pid makes a new one per start, and nobody
+    will ever hit it), then least recently used."""
+    return (not e.never_hit, e.last_used, e.created, e.key)
+
+
 def plan_prune(scan: CacheScan, policy: PrunePolicy, current_fp: dict[str, Any] | None = None) -> PrunePlan:
     """Compute what ``policy`` removes from ``scan`` (no I/O).
 
-    Order: entries picked by ``everything``/age/toolchain, then least-recently-used entries for
-    ``max_size`` (oldest "last used" first; entries in use are skipped and the next one is
-    taken), then leftovers. ``current_fp`` is required for ``toolchain_mismatch``.
+    Order: entries picked by ``everything``/age/toolchain, then entries for ``max_size`` in
+    :func:`eviction_order` (never hit, then oldest "last used" first; entries in use are skipped
+    and the next one is taken), then leftovers. ``current_fp`` is required for ``toolchain_mismatch``.
     """
     now = scan.now
     good = [e for e in scan.entries if e.error is None]
@@ -197,18 +205,35 @@ def plan_prune(scan: CacheScan, policy: PrunePolicy, current_fp: dict[str, Any] 
     if policy.max_size is not None:
         total = sum(e.size for e in good) - sum(
             i.size for i in plan.items if i.kind == "entry" and i.action == "remove")
-        for e in sorted(good, key=lambda r: (r.last_used, r.created, r.key)):
+        for e in sorted(good, key=eviction_order):
             if total <= policy.max_size:
                 break
             if e.key in picked:
                 continue
-            item = _entry_item(e, f"least recently used (last used {human_age(now - e.last_used)} ago); "
-                                  f"entries over {human_size(policy.max_size)}")
+            why = (f"never hit (built {human_age(now - e.created)} ago)" if e.never_hit else
+                   f"least recently used (last used {human_age(now - e.last_used)} ago)")
+            item = _entry_item(e, f"{why}; entries over {human_size(policy.max_size)}")
             plan.items.append(item)
             if item.action == "remove":
                 total -= e.size
     if policy.leftovers or policy.everything:
         plan.items.extend(_leftover_items(scan.leftovers, policy))
+    return plan
+
+
+def plan_removal(scan: CacheScan, asked: dict[str, str]) -> PrunePlan:
+    """The plan of ``stubcache rm``: the entries of ``scan`` whose keys are in ``asked`` (key ->
+    why), in that order (no I/O). Broken entries too, since they were named (their removal never
+    follows what stands at their path); entries in use are skipped."""
+    plan = PrunePlan(entries_before=len(scan.entries), size_before=scan.total_size)
+    by_key = {e.key: e for e in scan.entries}
+    for key, why in asked.items():
+        e = by_key.get(key)
+        if e is None:
+            continue
+        if e.error is not None:
+            why = f"{why}; broken entry ({e.error})"
+        plan.items.append(_entry_item(e, why))
     return plan
 
 

@@ -1,8 +1,8 @@
 """Scanning a cache root into plain data objects (for ``ls``, ``stats``, ``prune``, ``verify``).
 
 A scan only reads: one ``open``+``read`` of each manifest (plain ``json``), one ``stat`` of each
-pin (its mtime is the "last used" stamp) and, unless asked not to, a non-blocking probe of each
-pin's lock to tell whether a live process has the entry loaded. It never imports torch and never
+pin (its mtime is the "last used" stamp, an atime of 0 says "never hit") and, unless asked not
+to, a non-blocking probe of each pin's lock to tell whether a live process has the entry loaded. It never imports torch and never
 hashes libraries (``verify`` does that).
 """
 
@@ -20,7 +20,7 @@ from . import fsroot
 from .fsroot import printable
 from .locking import flock_held_at, temp_pid
 from .manifest import MANIFEST_NAME
-from .store import Store, is_key
+from .store import NEVER_HIT_ATIME_NS, Store, is_key
 from .values import count, finite
 
 # pids and times are bounded in the pattern: a name is someone else's input (os.kill(10**30, 0)
@@ -46,7 +46,8 @@ class EntryRecord:
     build_method: str | None = None
     build_seconds: float = 0.0
     created: float = 0.0
-    last_used: float = 0.0        # pin mtime (refreshed at most hourly); ``created`` if no pin
+    last_used: float = 0.0        # pin mtime (refreshed by every hit, to the second); ``created`` if no pin
+    never_hit: bool = False       # published and not looked up by any process since (pin atime 0)
     in_use: bool | None = None    # None: not probed
     fingerprint: dict[str, Any] = field(default_factory=dict, repr=False)
     error: str | None = None
@@ -56,7 +57,7 @@ class EntryRecord:
             "key": self.key, "base_key": self.base_key, "name": self.name, "size": self.size, "torch": self.torch,
             "compiler": self.compiler, "python": self.python, "build_method": self.build_method,
             "build_seconds": self.build_seconds, "created": self.created, "last_used": self.last_used,
-            "in_use": self.in_use, "path": self.path, "error": self.error,
+            "in_use": self.in_use, "never_hit": self.never_hit, "path": self.path, "error": self.error,
         }
 
 
@@ -206,7 +207,9 @@ def _read_entry(store: Store, key: str, pins_fd: int | None, probe_in_use: bool,
     rec.last_used = rec.created
     if pins_fd is not None:
         try:
-            rec.last_used = os.stat(key, dir_fd=pins_fd, follow_symlinks=False).st_mtime
+            pst = os.stat(key, dir_fd=pins_fd, follow_symlinks=False)
+            rec.last_used = pst.st_mtime
+            rec.never_hit = pst.st_atime_ns == NEVER_HIT_ATIME_NS
         except OSError:
             pass
         if probe_in_use:

@@ -3,7 +3,8 @@ and the prune a publishing process runs when the root has grown past the cap.
 
 The prune runs only after a publish, never on the hit path; only one process cleans at a time
 (a non-blocking lock: the others carry on at once); it is time-boxed, and it follows the usual
-rules (entries in use are never removed, least recently used go first). Entries built for a
+rules (entries in use are never removed; entries never hit go first, then the least recently
+used). Every root has a cap, :data:`DEFAULT_MAX_SIZE` unless configured (``off``: none). Entries built for a
 toolchain this host no longer matches age out after ``toolchain_max_age`` unused.
 """
 
@@ -11,24 +12,36 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import _log, locking
 from .store import Store
 
 ENV_MAX_SIZE = "STUBCACHE_MAX_SIZE"
+#: The cap of a root nobody configured (docs/cache.md#size-cap): room for ~1500 torch-header
+#: entries (~1.3 MiB each) or tens of thousands of header-free ones (15-50 KiB), far more than
+#: the working set of any host, yet a bound on what names that embed a pid pile up.
+DEFAULT_MAX_SIZE = 2 << 30
+NO_CAP = "off"  # the value that turns the cap off, in STUBCACHE_MAX_SIZE or `config set max_size`
 DEFAULT_TOOLCHAIN_MAX_AGE = 30 * 86400.0
 TIME_BOX = 2.0  # seconds a publishing process may spend cleaning
 
 
-def _size(text: Any) -> int:
+def _size(text: Any) -> int | None:
+    """A cap in bytes, or ``None`` for :data:`NO_CAP`."""
     from .units import parse_size
 
     if isinstance(text, int) and not isinstance(text, bool) and text >= 0:
         return text
     if not isinstance(text, str):
         raise ValueError(f"bad size {text!r}")
-    return parse_size(text)
+    if text.strip().lower() == NO_CAP:
+        return None
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise ValueError(f"{exc}; or {NO_CAP!r} for no cap") from None
 
 
 def _age(text: Any) -> float:
@@ -55,7 +68,7 @@ def root_settings(root: str) -> dict[str, Any]:
     cfg = load_root_config(root)[1]
     out = {}
     for name, parse in SETTINGS.items():
-        if name in cfg and cfg[name] is not None:
+        if name in cfg and cfg[name] is not None:  # max_size "off" parses to None: kept
             try:
                 out[name] = parse(cfg[name])
             except ValueError as exc:
@@ -63,21 +76,66 @@ def root_settings(root: str) -> dict[str, Any]:
     return out
 
 
-def env_max_size() -> int | None:
+@dataclass(frozen=True)
+class CapSetting:
+    """What one source (``STUBCACHE_MAX_SIZE``, the root's ``max_size``) says about the cap:
+    nothing (``given`` False), a limit in bytes, or ``limit=None``: no cap (:data:`NO_CAP`)."""
+
+    given: bool = False
+    limit: int | None = None
+
+
+@dataclass(frozen=True)
+class SizeCap:
+    """The cap in force: ``limit`` in bytes (``None``: none) and where it comes from."""
+
+    limit: int | None
+    source: str  # "default", "off", ENV_MAX_SIZE, "root config", or "the smaller of the two"
+
+
+def env_cap() -> CapSetting:
     raw = os.environ.get(ENV_MAX_SIZE, "").strip()
     if not raw:
-        return None
+        return CapSetting()
     try:
-        return _size(raw)
+        return CapSetting(True, _size(raw))
     except ValueError as exc:
         raise ValueError(f"{ENV_MAX_SIZE}: {exc}") from None
 
 
+def env_max_size() -> int | None:
+    """``STUBCACHE_MAX_SIZE`` in bytes; ``None`` if unset or ``off``."""
+    return env_cap().limit
+
+
+def root_cap(settings: dict[str, Any]) -> CapSetting:
+    """The root's ``max_size`` from :func:`root_settings`."""
+    return CapSetting(True, settings["max_size"]) if "max_size" in settings else CapSetting()
+
+
+def effective_cap(env: CapSetting, root: CapSetting) -> SizeCap:
+    """The smaller of the limits given (a user can tighten a shared root's cap, never loosen
+    it); :data:`DEFAULT_MAX_SIZE` if neither source says anything; none if every source that
+    does says ``off``."""
+    given = [(c, name) for c, name in ((env, ENV_MAX_SIZE), (root, "root config")) if c.given]
+    if not given:
+        return SizeCap(DEFAULT_MAX_SIZE, "default")
+    limits = [(c.limit, name) for c, name in given if c.limit is not None]
+    if not limits:
+        return SizeCap(None, "off")
+    if len(limits) == 2:
+        return SizeCap(min(v for v, _ in limits), "the smaller of the two")
+    return SizeCap(limits[0][0], limits[0][1])
+
+
+def size_cap(root: str) -> SizeCap:
+    """The cap in force for ``root`` (raises ``ValueError`` on a malformed ``STUBCACHE_MAX_SIZE``)."""
+    return effective_cap(env_cap(), root_cap(root_settings(root)))
+
+
 def configured_max_size(root: str) -> int | None:
-    """The cap in bytes: the smaller of ``STUBCACHE_MAX_SIZE`` and the root's ``max_size``
-    (a user can tighten a shared root's cap, never loosen it); ``None`` if neither is set."""
-    values = [v for v in (env_max_size(), root_settings(root).get("max_size")) if v is not None]
-    return min(values) if values else None
+    """The cap in bytes (see :func:`effective_cap`); ``None``: no cap."""
+    return size_cap(root).limit
 
 
 def set_setting(root: str, name: str, value: str | None) -> Any:
@@ -138,10 +196,10 @@ AGEOUT_INTERVAL = 86400.0  # toolchain age-out below the cap: at most once a day
 
 def after_publish(store: Store, time_box: float = TIME_BOX) -> str:
     """Called by a process that has just published (and released its build lock). Returns what
-    happened, for tests and logs: ``no cap``, ``under cap``, ``busy`` (another process is
+    happened, for tests and logs: ``no cap`` (turned off), ``under cap``, ``busy`` (another process is
     cleaning), ``pruned N`` or ``error``.
 
-    With a cap (or a ``toolchain_max_age`` setting), entries of a toolchain this host no longer
+    With a cap (every root has one unless it is turned off), entries of a toolchain this host no longer
     matches that nobody used for ``toolchain_max_age`` are removed even below the cap, at most once
     a day; over the cap they go first, then the least recently used."""
     try:

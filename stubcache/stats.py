@@ -44,6 +44,7 @@ class EventTotals:
     remote: "RemoteTotals" = field(default_factory=lambda: RemoteTotals())
     hits_by_key: dict[str, int] = field(default_factory=dict)
     build_seconds_by_key: dict[str, float] = field(default_factory=dict)
+    reset_at: float | None = None  # the last ``stats --reset``: older lines were not folded
 
     def add(self, rec: dict[str, Any]) -> None:
         """Fold one parsed event line."""
@@ -134,7 +135,20 @@ class RemoteTotals:
         return RemoteTotals(**{k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(self).items()})
 
 
-def fold_lines(lines: Iterable[bytes], totals: EventTotals) -> None:
+def counts_since(rec: dict[str, Any], since: float | None) -> bool:
+    """Whether an event line counts after a reset at ``since`` (``None``: no reset): written at
+    or after it. A line without a valid time (and an archive header from before timestamps)
+    predates any reset."""
+    if since is None:
+        return True
+    t = finite(rec.get("t"), 0.0, MAX_TIME)
+    return t is not None and t >= since
+
+
+def fold_lines(lines: Iterable[bytes], totals: EventTotals, since: float | None = None) -> int:
+    """Fold event lines into ``totals``; returns how many counted (lines before ``since``, the
+    last reset, do not)."""
+    counted = 0
     for line in lines:
         if not line.strip():
             continue
@@ -143,10 +157,83 @@ def fold_lines(lines: Iterable[bytes], totals: EventTotals) -> None:
         except (ValueError, RecursionError):
             totals.bad_lines += 1
             continue
-        if isinstance(rec, dict):
-            totals.add(rec)
-        else:
+        if not isinstance(rec, dict):
             totals.bad_lines += 1
+        elif counts_since(rec, since):
+            totals.add(rec)
+            counted += 1
+    return counted
+
+
+RESET_NAME = "stats-reset.json"  # in events/: when the counters were last zeroed (not a .jsonl)
+
+
+def read_reset(events_dir: str) -> float | None:
+    """The time of the last ``stats --reset`` (``None``: never). The file is someone's input in
+    a shared root: a time in the future or garbage is no reset."""
+    try:
+        with fsroot.Dir(events_dir) as dfd:
+            return _read_reset_at(dfd)
+    except (OSError, ValueError):
+        return None
+
+
+def _read_reset_at(dfd: int) -> float | None:
+    try:
+        rec = json.loads(fsroot.read_at(dfd, RESET_NAME, 4096))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return finite(rec.get("time"), 0.0, time.time() + 60.0) if isinstance(rec, dict) else None
+
+
+@dataclass
+class ResetResult:
+    """What :func:`reset_counters` did."""
+
+    time: float
+    deleted: int   # event files of finished processes (and archives) deleted
+    live: int      # files of live processes, kept: their lines before ``time`` no longer count
+
+
+def reset_counters(events_dir: str, lock_path: str, file_mode: int = 0o600, wait: float = 10.0) -> ResetResult:
+    """Zero the counters without touching the entries (``stubcache stats --reset``, like
+    ``ccache -z``).
+
+    Live processes keep appending to their own files, so nothing is truncated under them: the
+    reset time is written to ``events/stats-reset.json`` (atomically) and every line older than
+    it stops counting, in :func:`fold_events` and in later compactions. Then the files of
+    finished processes, all older than the reset, are deleted. Holds the compaction lock
+    (``lock_path``) throughout, waiting at most ``wait`` seconds for a compaction to finish
+    (``TimeoutError`` past that), so no archive can be written from files read before the reset.
+    """
+    from .events import file_mode as event_file_mode
+
+    shared = bool(file_mode & 0o070)
+    lock_dir, lock_name = os.path.split(lock_path)
+    with fsroot.Dir(lock_dir) as lfd:
+        lock_fd = locking.open_lock_at(lfd, lock_name, shared=shared, label=lock_path)
+    try:
+        if not locking.wait_flock(lock_fd, locking.EX, wait):
+            raise TimeoutError(f"a compaction of {events_dir} held {lock_path} for over {wait:.0f}s; try again")
+        with fsroot.Dir(events_dir) as dfd:
+            now = time.time()
+            data = json.dumps({"time": now, "pid": os.getpid(), "uid": os.geteuid()}).encode() + b"\n"
+            locking.write_file(dfd, RESET_NAME, data, mode=event_file_mode(shared), fsync=True)
+            deleted = live = 0
+            for name in fsroot.listdir(dfd):
+                if not name.endswith(".jsonl"):
+                    continue
+                if not file_finished_at(dfd, name):
+                    live += 1
+                    continue
+                try:
+                    fsroot.unlink_at(dfd, name)
+                    deleted += 1
+                except (OSError, ValueError):
+                    pass  # a directory or a member's file: its old lines no longer count anyway
+        return ResetResult(now, deleted, live)
+    finally:
+        os.close(lock_fd)
 
 
 _ARCHIVE_START = b'{"ev":"%s"' % Event.ARCHIVE.encode()  # the header line compact_events writes
@@ -200,12 +287,13 @@ def _read_events_at(dfd: int) -> tuple[list[tuple[str, bytes]], list[str]]:
 
 
 def fold_events(events_dir: str) -> EventTotals:
-    """Fold every ``*.jsonl`` file under ``events_dir``."""
+    """Fold every ``*.jsonl`` file under ``events_dir`` (since the last reset, if any)."""
     totals = EventTotals()
+    since = totals.reset_at = read_reset(events_dir)
     for name, data in _read_events(events_dir)[0]:
-        if not name.startswith(ARCHIVE_PREFIX):
+        counted = fold_lines(data.split(b"\n"), totals, since)
+        if not name.startswith(ARCHIVE_PREFIX) and (since is None or counted):
             totals.processes += 1  # an archive says how many processes it holds
-        fold_lines(data.split(b"\n"), totals)
     return totals
 
 
@@ -278,6 +366,7 @@ def compact_events(events_dir: str, lock_path: str, file_mode: int = 0o600) -> i
         except OSError:
             return 0
         _remove_stale_tmp(dfd)
+        since = _read_reset_at(dfd)
         files, leftovers = _read_events_at(dfd)
         files = [(n, d) for n, d in files if file_finished_at(dfd, n)]
         if len(files) < 2:
@@ -288,14 +377,18 @@ def compact_events(events_dir: str, lock_path: str, file_mode: int = 0o600) -> i
         for name, data in files:
             header = _archive_header(data) if name.startswith(ARCHIVE_PREFIX) else None
             if header is not None:
-                processes += count(header.get("processes"), 0, 1 << 40) or 0
+                if counts_since(header, since):
+                    processes += count(header.get("processes"), 0, 1 << 40) or 0
                 data = data.split(b"\n", 1)[1] if b"\n" in data else b""
-            elif not name.startswith(ARCHIVE_PREFIX):
+            lines = [ln for ln in data.split(b"\n") if ln.strip()]
+            if since is not None:  # lines from before a reset are dropped for good here
+                lines = [ln for ln in lines if _line_counts(ln, since)]
+            if not name.startswith(ARCHIVE_PREFIX) and (since is None or lines):
                 processes += 1
-            chunks.extend(ln for ln in data.split(b"\n") if ln.strip())
+            chunks.extend(lines)
         names = [n for n, _ in files]
-        header_line = json.dumps({"ev": Event.ARCHIVE, "processes": processes, "merged": names},
-                                 separators=(",", ":")).encode()
+        header_line = json.dumps({"ev": Event.ARCHIVE, "t": round(time.time(), 3), "processes": processes,
+                                  "merged": names}, separators=(",", ":")).encode()
         out = f"{ARCHIVE_PREFIX}{int(time.time())}-{os.getpid()}-{os.urandom(6).hex()}.jsonl"
         locking.write_file(dfd, out, b"\n".join([header_line, *chunks]) + b"\n", mode=event_file_mode(shared),
                            fsync=True)
@@ -304,6 +397,16 @@ def compact_events(events_dir: str, lock_path: str, file_mode: int = 0o600) -> i
     finally:
         os.close(lock_fd)
         os.close(dfd)
+
+
+def _line_counts(line: bytes, since: float) -> bool:
+    """A line kept by a compaction after a reset: written since, or unparsable (still counted as
+    torn by ``stats``)."""
+    try:
+        rec = json.loads(line)
+    except (ValueError, RecursionError):
+        return True
+    return not isinstance(rec, dict) or counts_since(rec, since)
 
 
 def _unlink_all(dfd: int, names: list[str]) -> None:
@@ -350,6 +453,9 @@ class Stats:
     first_event: float | None
     last_event: float | None
     remote: RemoteTotals = field(default_factory=RemoteTotals)
+    never_hit: int = 0          # entries published and not hit by any process since
+    never_hit_size: int = 0     # their bytes
+    reset_at: float | None = None  # the last ``stats --reset``: counters count from there
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -388,4 +494,7 @@ def compute_stats(root: str, entries: list[EntryRecord], totals: EventTotals, qu
         first_event=totals.first_event,
         last_event=totals.last_event,
         remote=totals.remote.rounded(),
+        never_hit=sum(1 for e in entries if e.never_hit),
+        never_hit_size=sum(e.size for e in entries if e.never_hit),
+        reset_at=totals.reset_at,
     )

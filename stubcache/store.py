@@ -7,7 +7,8 @@ Layout under ``<root>/v1/``::
     staging/<base>-<pid>-<rand>/                 one private directory per build
     locks/<base>.lock  leases/<base>.json        per-key build lock and who holds it
     failures/<base>.json                         last failed build, for processes waiting on it
-    pins/<key>                                   shared flock while loaded; mtime = last used
+    pins/<key>                                   shared flock while loaded; mtime = last used,
+                                                 atime 0 = published and never hit since
     quarantine/<key>-<time>-<pid>/               entries that failed verification
     trash/<key>-<time>-<pid>/                    entries on their way out (prune/clear)
     events/<host>-<pid>-<rand>.jsonl             per-process counters for ``stubcache stats``
@@ -34,7 +35,8 @@ _log = lazy_module("stubcache._log")  # warnings only: not imported on a hit
 LAYOUT = "v1"
 SUBDIRS = ("entries", "variants", "staging", "locks", "leases", "failures", "pins",
            "quarantine", "trash", "events", "state")
-LAST_USED_INTERVAL = 3600.0  # seconds: a hit writes the last-used stamp at most this often
+LAST_USED_RESOLUTION = 1.0  # seconds: a hit rewrites a last-used stamp older than this
+NEVER_HIT_ATIME_NS = 0  # a pin's atime from publish until its first hit (see Store.publish)
 
 
 def file_sha256(fd_or_path) -> str:
@@ -289,15 +291,37 @@ class Store:
                 # The marker goes first: a marker without an entry is skipped by lookups, while an
                 # entry without its marker (a crash in between) would never be found again.
                 self.add_variant(manifest.base_key, manifest.key)
-            with self.at("entries", create=True) as dfd:
-                try:
-                    fsroot.rename_at(sfd, entry_name, dfd, check_name(manifest.key))
-                except OSError as exc:
-                    if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
-                        return False
-                    raise
-        self.touch_pin(manifest.key)
+            # The pin exists before the entry does, stamped "never hit" (atime 0): a lookup that
+            # finds the entry right after the rename then counts as its first hit (Store.pin).
+            pin = self._mark_never_hit(manifest.key)
+            try:
+                with self.at("entries", create=True) as dfd:
+                    try:
+                        fsroot.rename_at(sfd, entry_name, dfd, check_name(manifest.key))
+                    except OSError as exc:
+                        if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                            _touch(pin)  # the existing entry won: it is used, not new
+                            return False
+                        raise
+            finally:
+                if pin is not None:
+                    os.close(pin)
         return True
+
+    def _mark_never_hit(self, key: str) -> int | None:
+        """Open (creating) the pin of ``key`` and set its atime to :data:`NEVER_HIT_ATIME_NS`,
+        its mtime to now; the fd, or ``None`` where the pin cannot be opened (a read-only root:
+        only the stamp is lost)."""
+        try:
+            fd = self._open_pin(key)
+        except OSError:
+            return None
+        try:
+            if fsroot.own_single(os.fstat(fd)):  # explicit times need the owner anyway
+                os.utime(fd, ns=(NEVER_HIT_ATIME_NS, time.time_ns()))
+        except OSError:
+            pass
+        return fd
 
     def add_variant(self, base: str, key: str) -> None:
         """Record that entry ``key`` was built from base key ``base`` (with tracked headers)."""
@@ -395,16 +419,11 @@ class Store:
     def _open_pin(self, key: str) -> int:
         return self.open_lock_file(self.pin_path(key))
 
-    def touch_pin(self, key: str) -> None:
-        try:
-            os.close(self._open_pin(key))
-        except OSError:
-            pass  # only the last-used stamp: never worth failing a publish
-
     def pin(self, key: str, timeout: float | None = None) -> int | None:
         """Take a shared flock on the entry's pin file and return the fd (keep it open while the
         library may be in use: the kernel drops the lock when the process dies). Also refreshes
-        the last-used stamp at most once per ``LAST_USED_INTERVAL``.
+        the last-used stamp (the pin's times, to now) when it is older than
+        ``LAST_USED_RESOLUTION`` or says "never hit": one ``futimens`` on a hit.
 
         Waits at most ``timeout`` seconds (``None``: ``STUBCACHE_LOCK_TIMEOUT``) for an exclusive
         holder (a prune removing the entry, or anyone holding ``LOCK_EX`` on it), then returns
@@ -441,11 +460,8 @@ class Store:
                     # prune removed this pin file while we waited: lock the one now in place
                     os.close(fd)
                     continue
-                if time.time() - st.st_mtime > LAST_USED_INTERVAL and fsroot.own_single(st):
-                    try:
-                        os.utime(fd)
-                    except OSError:
-                        pass
+                if st.st_atime_ns == NEVER_HIT_ATIME_NS or time.time() - st.st_mtime > LAST_USED_RESOLUTION:
+                    _touch(fd, st)
             except OSError:
                 os.close(fd)
                 raise
@@ -531,6 +547,21 @@ class _DirCtx:
 
 _KEY_CHARS = frozenset("0123456789abcdef")
 _BASE_LOCK = __import__("_thread").allocate_lock()  # threading.Lock without importing threading
+
+
+def _touch(fd: int | None, st: os.stat_result | None = None) -> None:
+    """Set a pin's times to now (the last-used stamp), where that cannot reach another file: a
+    pin with one link (a member's hard link to a file outside the root has two), and as root
+    only our own. The kernel allows a member of a shared root this on a group-writable pin it
+    does not own (``utime`` to now needs write access only). Best-effort: never fails a load."""
+    if fd is None:
+        return
+    try:
+        st = os.fstat(fd) if st is None else st
+        if st.st_nlink == 1 and (os.geteuid() != 0 or st.st_uid == 0):
+            os.utime(fd)
+    except OSError:
+        pass
 
 
 def inputs_memo_name(tag: str) -> str:

@@ -52,7 +52,7 @@ def test_warnings_reach_stderr_as_bare_lines_and_quiet_silences_them(tmp_path):
     proc = run_cli(root, "config")
     assert proc.returncode == 0
     assert proc.stderr == (f"ignoring max_size in the configuration of {root}: bad size 'lots': "
-                           "use a number with a K, M, G or T suffix (e.g. 2G)\n")
+                           "use a number with a K, M, G or T suffix (e.g. 2G); or 'off' for no cap\n")
     quiet = run_cli(root, "config", "-q")
     assert quiet.returncode == 0 and quiet.stderr == "" and quiet.stdout == proc.stdout
     code = ("import sys, stubcache; before = 'logging' in sys.modules; from stubcache.cli import main; "

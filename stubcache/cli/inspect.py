@@ -88,6 +88,8 @@ def _stats_rows(s) -> list[tuple[str, str]]:
     return [
         ("entries", str(s.entries)),
         ("total size", f"{human_size(s.total_size)} ({s.total_size} bytes)"),
+        ("entries never hit", f"{s.never_hit} ({human_size(s.never_hit_size)})"),
+    ] + ([("counters reset", iso(s.reset_at))] if s.reset_at is not None else []) + [
         ("hits", str(s.hits)),
         ("misses", str(s.misses)),
         ("hit rate", rate),
@@ -122,6 +124,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
     from ..stats import compute_stats, fold_events
 
     store = _store(args)
+    if getattr(args, "reset", False):
+        return _reset_stats(args, store)
     entries = scan_entries(store, probe_in_use=False)
     totals = fold_events(store.path("events"))
     try:
@@ -139,6 +143,40 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
     show(args, View(json=s.to_json, raw={"prometheus": prometheus},
                     text=lambda: [table(["STAT", "VALUE"], _stats_rows(s))]))
+    return EXIT_OK
+
+
+def reset_view(store, args: argparse.Namespace) -> View | None:
+    """Zero the counters of ``store`` (``stats --reset``, ``clear --stats``): what to show, or
+    ``None`` where there is no cache."""
+    from ..stats import reset_counters
+
+    if not os.path.isdir(store.base):
+        return None
+    try:
+        with store.at("events", create=True):
+            pass
+        res = reset_counters(store.path("events"), store.lock_path("events-compact"), store.mode(0o600, 0o660))
+    except TimeoutError as exc:
+        from .exits import Failed
+
+        raise Failed(str(exc)) from None
+    return View(json={"root": store.root, "reset_at": res.time, "deleted_files": res.deleted,
+                      "live_files": res.live},
+                text=lambda: [f"stats reset: deleted {res.deleted} event file(s) of finished processes; "
+                              f"{res.live} live process(es) keep theirs, but their earlier events no longer "
+                              f"count; counting from {iso(res.time)}"])
+
+
+def _reset_stats(args: argparse.Namespace, store) -> int:
+    if args.format == "prometheus":
+        raise UsageError("--reset prints what it did as a table or JSON, not --format prometheus")
+    view = reset_view(store, args)
+    if view is None:
+        show(args, View(json={"root": store.root, "reset_at": None, "deleted_files": 0, "live_files": 0},
+                        text=lambda: [f"nothing to reset: no cache at {store.root}"]))
+        return EXIT_OK
+    show(args, view)
     return EXIT_OK
 
 

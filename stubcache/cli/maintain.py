@@ -60,7 +60,7 @@ def _plan_view(plan, args: argparse.Namespace, executed: bool, dry_run: bool) ->
 
 
 def _run_plan(args: argparse.Namespace, policy) -> int:
-    from ..prune import current_fingerprint, execute_plan, plan_prune
+    from ..prune import current_fingerprint, plan_prune
     from ..scan import scan_cache
 
     store = _store(args)
@@ -73,11 +73,21 @@ def _run_plan(args: argparse.Namespace, policy) -> int:
     if policy.toolchain_mismatch:
         fp = current_fingerprint(store, need_cuda=any("cuda" in e.fingerprint for e in scan.entries))
     plan = plan_prune(scan, policy, fp)
+    executed = _confirm_and_execute(args, store, plan)
+    if executed or not args.dry_run:
+        _compact_events(args, store, policy)
+    failed = [i for i in plan.items if i.outcome and i.outcome.startswith("failed")]
+    return EXIT_PROBLEMS if failed else EXIT_OK
+
+
+def _confirm_and_execute(args: argparse.Namespace, store, plan) -> bool:
+    """Show the plan (a dry run, or nothing to remove: that is all), ask unless ``--yes``, carry
+    it out and show the outcome. Returns whether it was carried out."""
+    from ..prune import execute_plan
+
     if args.dry_run or not plan.removals:
         show(args, _plan_view(plan, args, executed=False, dry_run=args.dry_run))
-        if not args.dry_run:
-            _compact_events(args, store, policy)
-        return EXIT_OK
+        return False
     if not args.yes:
         if is_text(args):  # the plan to confirm; JSON prints only the outcome
             show(args, _plan_view(plan, args, executed=False, dry_run=False))
@@ -89,9 +99,7 @@ def _run_plan(args: argparse.Namespace, policy) -> int:
     with Bar("removing") as bar:
         execute_plan(store, plan, progress=bar)
     show(args, _plan_view(plan, args, executed=True, dry_run=False))
-    _compact_events(args, store, policy)
-    failed = [i for i in plan.items if i.outcome and i.outcome.startswith("failed")]
-    return EXIT_PROBLEMS if failed else EXIT_OK
+    return True
 
 
 def _compact_events(args: argparse.Namespace, store, policy) -> None:
@@ -131,34 +139,50 @@ def cmd_clear(args: argparse.Namespace) -> int:
 
     rc = _run_plan(args, PrunePolicy(everything=True, leftovers=True))
     if rc == EXIT_OK and args.stats and not args.dry_run:
-        n = _clear_events(_store(args))
-        note(args, f"stats reset: deleted {n} event file(s) of finished processes (live processes keep theirs)")
+        from .inspect import reset_view
+
+        view = reset_view(_store(args), args)  # the same reset as `stats --reset`
+        if view is not None and view.text is not None:
+            for line in view.text():
+                note(args, line)
     return rc
 
 
-def _clear_events(store) -> int:
-    """Delete event files of processes that are gone (a live process keeps appending to its own
-    and holds a shared flock on it)."""
-    from .. import fsroot
-    from ..stats import file_finished_at
+def cmd_rm(args: argparse.Namespace) -> int:
+    """``rm KEY…|--name GLOB``: remove the named entries, with prune's safety (never one in use).
+    Exit 2 for a KEY that names nothing or is ambiguous, 1 if a named entry was not removed
+    (in use, being published, or a removal failed)."""
+    import fnmatch
+    import time
 
-    removed = 0
-    try:
-        dfd = store.dir("events")
-    except OSError:
-        return 0
-    try:
-        for name in os.listdir(dfd):
-            if name.endswith(".jsonl") and not file_finished_at(dfd, name):
-                continue
-            try:
-                if fsroot.rmtree_at(dfd, name):
-                    removed += 1
-            except (OSError, ValueError):
-                pass
-    finally:
-        os.close(dfd)
-    return removed
+    from ..keyref import KeyRefError, resolve_key
+    from ..prune import plan_removal
+    from ..scan import CacheScan, scan_entries
+
+    if not args.keys and args.name is None:
+        raise UsageError("rm needs one or more KEYs (spec keys or entry keys, or unique prefixes) or --name GLOB")
+    store = _store(args)
+    entries = scan_entries(store) if os.path.isdir(store.base) else []
+    asked: dict[str, str] = {}
+    for ref in args.keys:
+        try:
+            m = resolve_key(ref, entries)
+        except KeyRefError as exc:
+            raise UsageError(f"{exc} in {store.root}" if str(exc).startswith("no entry") else str(exc)) from None
+        for k in m.entries:
+            asked.setdefault(k, f"asked: {m.kind} {m.key[:12]}")
+    if args.name is not None:
+        named = [e.key for e in entries if fnmatch.fnmatchcase(e.name, args.name)]
+        if not named:
+            note(args, f"no entry's name matches {args.name!r}")
+        for k in named:
+            asked.setdefault(k, f"asked: name matches {args.name!r}")
+    plan = plan_removal(CacheScan(store.root, time.time(), entries, []), asked)
+    executed = _confirm_and_execute(args, store, plan)
+    if not executed:
+        return EXIT_PROBLEMS if plan.skipped and not args.dry_run else EXIT_OK
+    kept = [i for i in plan.items if i.outcome not in ("removed", "gone")]
+    return EXIT_PROBLEMS if kept else EXIT_OK
 
 
 # --- verify ----------------------------------------------------------------------------------
@@ -280,7 +304,8 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 def cmd_config(args: argparse.Namespace) -> int:
     from ..errors import TrustError
-    from ..sizecap import DEFAULT_TOOLCHAIN_MAX_AGE, ENV_MAX_SIZE, SETTINGS, env_max_size, root_settings, set_setting
+    from ..sizecap import (DEFAULT_TOOLCHAIN_MAX_AGE, ENV_MAX_SIZE, NO_CAP, SETTINGS, effective_cap, env_cap,
+                           root_cap, root_settings, set_setting)
     from ..units import human_age, human_size
 
     root = _root(args)
@@ -299,26 +324,35 @@ def cmd_config(args: argparse.Namespace) -> int:
             raise Failed(str(exc)) from None
     try:
         stored = root_settings(root) if os.path.isdir(root) else {}
-        env = env_max_size()
+        env = env_cap()
     except (ValueError, TrustError) as exc:
         raise Failed(str(exc)) from None
-    caps = [v for v in (env, stored.get("max_size")) if v is not None]
-    effective = min(caps) if caps else None
+    rootc = root_cap(stored)
+    cap = effective_cap(env, rootc)
     age = stored.get("toolchain_max_age", DEFAULT_TOOLCHAIN_MAX_AGE)
 
     def size(v):
         return "-" if v is None else f"{human_size(v)} ({v} bytes)"
 
+    def given(c):
+        return size(c.limit) if not c.given or c.limit is not None else NO_CAP
+
+    def json_value(c):
+        return c.limit if not c.given or c.limit is not None else NO_CAP
+
+    source = {"default": f"default (no setting; `{NO_CAP}` turns it off)", "off": f"{NO_CAP}: no automatic cap",
+              "the smaller of the two": "the smaller of the two below"}.get(cap.source, cap.source)
+
     def text():
         yield f"cache root: {root}"
         yield table(["SETTING", "VALUE", "FROM"], [
-            ["max_size", size(effective), "the smaller of the two below" if len(caps) == 2 else
-             (ENV_MAX_SIZE if env is not None else "root config" if caps else "not set: no automatic cap")],
-            ["  root config max_size", size(stored.get("max_size")), "stubcache config set max_size SIZE"],
-            [f"  {ENV_MAX_SIZE}", size(env), "environment"],
+            ["max_size", size(cap.limit) if cap.limit is not None else NO_CAP, source],
+            ["  root config max_size", given(rootc), f"stubcache config set max_size SIZE|{NO_CAP}"],
+            [f"  {ENV_MAX_SIZE}", given(env), "environment"],
             ["toolchain_max_age", human_age(age), "root config" if "toolchain_max_age" in stored else "default"],
         ])
 
-    show(args, View(json={"root": root, "max_size": effective, "root_max_size": stored.get("max_size"),
-                          "env_max_size": env, "toolchain_max_age": age}, text=text))
+    show(args, View(json={"root": root, "max_size": cap.limit, "max_size_from": cap.source,
+                          "root_max_size": json_value(rootc), "env_max_size": json_value(env),
+                          "toolchain_max_age": age}, text=text))
     return EXIT_OK

@@ -39,7 +39,8 @@ def _remote_store_opts(p: argparse.ArgumentParser, url_help: str) -> None:
 _EPILOG = """\
 environment:
   STUBCACHE_DIR            cache root (default: the platform cache directory, see `stubcache dir`)
-  STUBCACHE_MAX_SIZE       size cap (e.g. 10G) kept after each publish; also `stubcache config`
+  STUBCACHE_MAX_SIZE       size cap kept after each publish (default 2G; e.g. 10G, or off for
+                           none); also `stubcache config`
   STUBCACHE_LOCK_TIMEOUT   seconds to wait for another process's build (default 600), then
                            build privately
   STUBCACHE_SEED_DIRS      read-only caches searched first (':'-separated), e.g. baked into an image
@@ -53,7 +54,8 @@ environment:
 exit codes:
   0    ok
   1    the command ran and found problems (verify: bad entries; doctor: errors; warm: a build
-       failed or could not be stored; prune/clear: a removal failed)
+       failed or could not be stored; prune/clear: a removal failed; rm: a named entry was
+       not removed, e.g. in use)
   2    usage error (bad option, bad size or filter, unreadable spec file, unknown key)
   3    not confirmed (answered no, or no terminal and no --yes)
   127  run: the command could not be started
@@ -93,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("stats", "inspect:cmd_stats", "counters folded from every process's event file")
     _fmt(p, ("table", "json", "prometheus"))
+    p.add_argument("--reset", action="store_true",
+                   help="zero the counters (entries are untouched); safe while processes run")
 
     def removal_opts(p: argparse.ArgumentParser) -> None:
         p.add_argument("--dry-run", "-n", action="store_true", help="print the plan; change nothing")
@@ -112,6 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
     _remote_opts(p, "prune the remote store instead of the local root (needs --max-age)")
     p.add_argument("--max-age", metavar="AGE",
                    help="with --remote: remove blobs built longer than AGE ago (e.g. 30d)")
+    removal_opts(p)
+
+    p = add("rm", "maintain:cmd_rm", "remove the entries named by key or name (never one in use)")
+    p.add_argument("keys", nargs="*", metavar="KEY",
+                   help="a spec key or an entry key, or a unique prefix of either (a spec key removes "
+                        "every entry built from it)")
+    p.add_argument("--name", metavar="GLOB", help="also remove the entries whose name matches this glob")
     removal_opts(p)
 
     p = add("verify", "maintain:cmd_verify", "recheck every entry's checksum and manifest; quarantine failures")
