@@ -258,19 +258,15 @@ def test_a_root_reached_through_a_symlink_is_loaded_by_its_real_path(tmp_path, m
     assert ctypes.CDLL(os.path.realpath(path)).f() == 1
 
 
-def test_build_directory_gets_one_notice(cache_root, tmp_path, caplog):
-    import logging
-
-    from stubcache import compat
-
-    compat._noticed.discard("build_directory")
-    with caplog.at_level(logging.WARNING, logger="stubcache"):
-        for i in range(2):
-            stubcache.load_inline(f"bd{i}", 'extern "C" int f(void) { return 1; }', is_python_module=False,
-                                  no_implicit_headers=True, build_directory=str(tmp_path / "bd"))
-    notes = [r for r in caplog.records if "build_directory" in r.getMessage()]
-    assert len(notes) == 1 and "ignored" in notes[0].getMessage()
-    assert not (tmp_path / "bd").exists()
+def test_build_directory_holds_only_the_library(cache_root, tmp_path):
+    # The build happens in private staging; the caller's directory gets <name>.so and nothing
+    # stubcache needs later (no lock, no sources).
+    bd = tmp_path / "bd"
+    bd.mkdir()
+    for i in range(2):
+        stubcache.load_inline(f"bd{i}", 'extern "C" int f(void) { return 1; }', is_python_module=False,
+                              no_implicit_headers=True, build_directory=str(bd))
+    assert sorted(os.listdir(bd)) == ["bd0.so", "bd1.so"]
 
 
 # --- verbose --------------------------------------------------------------------------------------

@@ -1,0 +1,285 @@
+"""Real engines' contracts with torch's loaders (docs/engines.md), in real processes under
+``stubcache run``: the patterns are our own code written after SGLang's KV arena and NCCL
+allocator, vLLM's NCCL allocator and DeepSpeed's JIT ops (FACTS.md's table of callers), plus the
+attacks a predictable ``build_directory`` in ``/tmp`` invites.
+
+Header-free stubs throughout (``no_implicit_headers=True``, ``is_python_module=False``): each
+builds in well under a second. The module cases, which need torch's headers, are in
+tests/test_engines_modules.py.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import stubcache
+
+from .conftest import REPO
+
+IS_ROOT = os.geteuid() == 0
+RUN = [sys.executable, "-m", "stubcache", "run", "--", sys.executable]
+
+# SGLang's arena shape: one library per arena, every symbol carrying the arena's suffix, a
+# static state per library. Our own code; CUDA calls are not involved.
+ARENA = r'''
+import ctypes, os, sys, textwrap
+from torch.utils.cpp_extension import load_inline   # bound at import, as vLLM does
+
+SRC = """
+#include <stddef.h>
+static long arena_state;
+extern "C" long arena_set_{sfx}(long v) {{ long old = arena_state; arena_state = v; return old; }}
+extern "C" long arena_get_{sfx}(void) {{ return arena_state; }}
+"""
+
+def start(n, with_pid):
+    sfx = f"{os.getpid()}_{n}" if with_pid else f"{n}"
+    name = f"arena_stub_{sfx}"
+    d = os.path.join(os.environ["ARENA_TMP"], "arena", sfx)
+    os.makedirs(d, exist_ok=True)
+    load_inline(name=name, cpp_sources=[SRC.format(sfx=sfx)], is_python_module=False,
+                no_implicit_headers=True, build_directory=d)          # return value ignored
+    lib = ctypes.CDLL(f"{d}/{name}.so")
+    return sfx, lib
+
+with_pid = sys.argv[1] == "pid"
+arenas = [start(n, with_pid) for n in range(int(sys.argv[2]))]
+for n, (sfx, lib) in enumerate(arenas):
+    getattr(lib, f"arena_set_{sfx}").restype = ctypes.c_long
+    getattr(lib, f"arena_set_{sfx}")(ctypes.c_long(1000 + n))
+ok = all(getattr(lib, f"arena_get_{sfx}")() == 1000 + n for n, (sfx, lib) in enumerate(arenas))
+print("ARENAS-OK" if ok else "ARENAS-MIXED", flush=True)
+'''
+
+
+def _run_procs(script: str, args: list[list[str]], env: dict, under_run: bool = True) -> list[str]:
+    full = dict(os.environ, PYTHONPATH=str(REPO), **env)
+    cmd = RUN if under_run else [sys.executable]
+    procs = [subprocess.Popen([*cmd, "-c", script, *a], env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for a in args]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, f"rc={p.returncode}\nstdout:\n{out}\nstderr:\n{err}"
+        outs.append(out)
+    return outs
+
+
+@pytest.mark.parametrize("with_pid", [True, False], ids=["pid-suffix", "pid-free-suffix"])
+def test_arena_pattern_under_stubcache_run(cache_root, cxx, tmp_path, with_pid):
+    procs, arenas = 3, 2
+    env = {"ARENA_TMP": str(tmp_path)}
+    outs = _run_procs(ARENA, [["pid" if with_pid else "nopid", str(arenas)]] * procs, env)
+    assert all("ARENAS-OK" in o for o in outs), outs
+    # With the pid in the name each process is a new key; without it, one build per arena.
+    assert cxx.compiles() == (procs * arenas if with_pid else arenas)
+    cxx.reset()
+    outs = _run_procs(ARENA, [["pid" if with_pid else "nopid", str(arenas)]] * procs, env)  # a restart
+    assert all("ARENAS-OK" in o for o in outs), outs
+    assert cxx.compiles() == (procs * arenas if with_pid else 0)
+
+
+# vLLM's and SGLang's NCCL allocator shape: a fixed name, build_directory = a temp dir itself
+# (sticky, world-writable like /tmp), D/lock removed before each call, the library by path.
+NCCL = r'''
+import ctypes, os, sys
+import torch.utils.cpp_extension as cpp_ext
+
+d = os.environ["NCCL_TMP"]
+try:
+    os.remove(os.path.join(d, "lock"))
+except FileNotFoundError:
+    pass
+cpp_ext.load_inline(name="nccl_allocator_t", cpp_sources=[
+    'extern "C" void* nccl_alloc_plug(long n, int dev, void* s) { static char buf[64]; return n <= 64 ? buf : 0; }'
+    'extern "C" int nccl_tag(void) { return 42; }'],
+    is_python_module=False, no_implicit_headers=True, build_directory=d, verbose=sys.argv[1] == "0")
+path = f"{d}/nccl_allocator_t.so"
+lib = ctypes.CDLL(path)
+st = os.stat(path)
+with open("/proc/self/maps") as fh:
+    mapped = {int(line.split()[4]) for line in fh if line.rstrip().endswith("/nccl_allocator_t.so")}
+print("TAG", lib.nccl_tag(), "SAME-INODE" if mapped == {st.st_ino} else f"OTHER {mapped} {st.st_ino}", flush=True)
+'''
+
+
+def test_nccl_allocator_pattern(cache_root, cxx, tmp_path):
+    d = tmp_path / "tmp"
+    d.mkdir()
+    d.chmod(0o1777)
+    outs = _run_procs(NCCL, [[str(i)] for i in range(3)], {"NCCL_TMP": str(d)})
+    assert all("TAG 42 SAME-INODE" in o for o in outs), outs
+    assert cxx.compiles() == 1
+    assert os.listdir(d) == ["nccl_allocator_t.so"]  # no lock, no temp file, no sources left there
+
+
+def test_library_at_build_directory_is_the_loaded_file(cache_root, tmp_path):
+    """Same inode as the handle the drop-in loaded (state shared with a later dlopen by path),
+    and a copy, not a link to the cache entry: the caller may rewrite what it finds there."""
+    d = tmp_path / "d"
+    d.mkdir()
+    src = 'extern "C" int bump(void) { static int n; return ++n; }'
+    ret = stubcache.load_inline("same_file", src, is_python_module=False, no_implicit_headers=True,
+                                build_directory=d)  # os.PathLike
+    assert ret == str(d / "same_file.so")
+    lib = ctypes.CDLL(str(d / "same_file.so"))
+    assert (lib.bump(), lib.bump()) == (1, 2)
+    st = os.stat(d / "same_file.so")
+    assert st.st_nlink == 1 and stat.S_ISREG(st.st_mode)
+    entry = stubcache.StubCache().lookup(stubcache.StubSpec("same_file", src, no_implicit_headers=True))
+    assert os.stat(entry.path).st_ino != st.st_ino
+    # The caller removes the file: the next call puts it back (torch would rebuild it there).
+    os.remove(d / "same_file.so")
+    stubcache.load_inline("same_file", src, is_python_module=False, no_implicit_headers=True, build_directory=d)
+    assert (d / "same_file.so").is_file()
+
+
+# --- a hostile build_directory -------------------------------------------------------------------
+
+SRC = 'extern "C" int seven(void) { return 7; }'
+
+
+def _load_into(d, name="victim"):
+    return stubcache.load_inline(name, SRC, is_python_module=False, no_implicit_headers=True, build_directory=d)
+
+
+def test_symlink_planted_at_the_library_name_is_replaced_not_followed(cache_root, tmp_path):
+    d = tmp_path / "d"
+    d.mkdir(mode=0o1777)
+    d.chmod(0o1777)
+    outside = tmp_path / "precious.so"
+    outside.write_bytes(b"do not touch")
+    (d / "victim.so").symlink_to(outside)
+    path = _load_into(str(d))
+    assert outside.read_bytes() == b"do not touch"
+    assert not os.path.islink(path) and ctypes.CDLL(path).seven() == 7
+    assert sorted(os.listdir(d)) == ["victim.so"]
+
+
+def test_build_directory_that_is_a_symlink_is_refused(cache_root, tmp_path):
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    link = tmp_path / "d"
+    link.symlink_to(target)
+    with pytest.raises(PermissionError, match="symbolic link"):
+        _load_into(str(link))
+    assert os.listdir(target) == []
+
+
+def test_build_directory_writable_by_others_without_sticky_bit_is_refused(cache_root, tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+    d.chmod(0o777)
+    with pytest.raises(PermissionError, match="writable by others"):
+        _load_into(str(d))
+    assert os.listdir(d) == []
+
+
+def test_missing_or_non_directory_build_directory_fails_as_torch_would(cache_root, tmp_path):
+    with pytest.raises(FileNotFoundError):
+        _load_into(str(tmp_path / "missing"))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(NotADirectoryError):
+        _load_into(str(tmp_path / "file"))
+    assert (tmp_path / "file").read_text() == "x"
+
+
+def test_a_directory_at_the_library_name_is_a_clear_error(cache_root, tmp_path):
+    d = tmp_path / "d"
+    (d / "victim.so").mkdir(parents=True)
+    with pytest.raises(IsADirectoryError):
+        _load_into(str(d))
+    assert os.listdir(d) == ["victim.so"]
+
+
+@pytest.fixture(scope="module")
+def other_user():
+    """A real user other than us (root only): created for the module if missing."""
+    if not IS_ROOT or not shutil.which("useradd"):
+        pytest.skip("needs root and useradd to create a real user")
+    import pwd
+
+    name = "stubcache_engines"
+    made = subprocess.run(["id", name], capture_output=True).returncode != 0
+    if made:
+        subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", name], check=True)
+    yield pwd.getpwnam(name)
+    if made:
+        subprocess.run(["userdel", name], capture_output=True)
+
+
+def test_build_directory_of_another_user_is_refused(cache_root, tmp_path, other_user):
+    d = tmp_path / "d"
+    d.mkdir()
+    os.chown(d, other_user.pw_uid, other_user.pw_gid)
+    with pytest.raises(PermissionError, match=f"uid {other_user.pw_uid}"):
+        _load_into(str(d))
+    assert os.listdir(d) == []
+
+
+def test_library_planted_by_another_user_in_a_sticky_dir_is_replaced(cache_root, tmp_path, other_user):
+    # Root may replace another user's file in a sticky directory: the caller gets our library,
+    # never the planted one, and the planted inode is left as it was.
+    d = tmp_path / "d"
+    d.mkdir()
+    d.chmod(0o1777)
+    planted = d / "victim.so"
+    planted.write_bytes(b"planted")
+    os.chown(planted, other_user.pw_uid, other_user.pw_gid)
+    keep = os.open(planted, os.O_RDONLY)
+    try:
+        path = _load_into(str(d))
+        assert os.stat(path).st_uid == os.geteuid() and ctypes.CDLL(path).seven() == 7
+        assert os.pread(keep, 100, 0) == b"planted"
+    finally:
+        os.close(keep)
+
+
+def test_library_planted_by_another_user_is_refused_for_that_user_not_root(cache_root, other_user):
+    """Not root: in a sticky directory the rename over another user's file fails, and the caller
+    gets a clear PermissionError (never the planted library)."""
+    import tempfile
+
+    base = tempfile.mkdtemp(dir="/tmp")  # traversable by the other user (pytest's tmp is not)
+    try:
+        os.chmod(base, 0o755)
+        d = os.path.join(base, "d")
+        os.mkdir(d)
+        os.chmod(d, 0o1777)
+        planted = os.path.join(d, "victim.so")
+        with open(planted, "wb") as fh:
+            fh.write(b"planted")  # root's file: for the other user, someone else's
+        theirs = os.path.join(base, "theirs")
+        os.mkdir(theirs)
+        os.chown(theirs, other_user.pw_uid, other_user.pw_gid)
+        code = textwrap.dedent(f"""
+            import os, ctypes, subprocess, sysconfig, shlex, glob, json, tempfile, hashlib, errno, signal
+            import stubcache, stubcache.compat, stubcache.builddir, stubcache.builder, stubcache.buildinputs
+            import stubcache.toolchain, stubcache.locking, stubcache.mapped, stubcache.store, stubcache.fingerprint
+            sysconfig.get_path("include", scheme="posix_prefix"); stubcache.fingerprint.torch_dir()
+            os.environ.update(STUBCACHE_DIR={theirs + "/cache"!r}, HOME={theirs!r}, TMPDIR={theirs!r})
+            os.setgroups([]); os.setegid({other_user.pw_gid}); os.seteuid({other_user.pw_uid})
+            try:
+                stubcache.load_inline("victim", {SRC!r}, is_python_module=False, no_implicit_headers=True,
+                                      build_directory={d!r})
+            except PermissionError as exc:
+                print("REFUSED", exc)
+            else:
+                print("LOADED")
+        """)
+        proc = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(REPO)),
+                              capture_output=True, text=True, timeout=300)
+        assert "REFUSED" in proc.stdout and "another user" in proc.stdout, proc.stdout + proc.stderr
+        with open(planted, "rb") as fh:
+            assert fh.read() == b"planted"
+        assert os.listdir(d) == ["victim.so"]
+    finally:
+        shutil.rmtree(base)
