@@ -198,6 +198,8 @@ def load_inline(
     functions = _functions_like_torch(functions)
     if cpp_sources is None:  # torch fails joining it: a TypeError there too
         raise TypeError("cpp_sources must be str or a list of str, got None")
+    if not cpp_sources and not cuda_sources and isinstance(cpp_sources, (str, list, tuple)):
+        cpp_sources = [""]  # torch builds an empty main.cpp (its headers only): so does the spec
     root = default_root()
     # Repeated calls with the same arguments (engines call this per layer or per request) skip
     # validation and hashing: torch returns the already-loaded module in that case too.
@@ -272,9 +274,10 @@ def load(
     """Drop-in for ``torch.utils.cpp_extension.load`` over source files on disk.
 
     The files' contents, read as bytes (a file need not be UTF-8), and the headers they include
-    from their own directories or ``extra_include_paths`` are hashed into the key. The C++ files
-    are compiled as one translation unit, in the order given; each file's directory is added to
-    the include path. A name loaded again with changed inputs becomes ``name_v1``, ... as in
+    from their own directories or ``extra_include_paths`` are hashed into the key. As in torch,
+    each file is its own translation unit (one object per file, one link); each file's
+    directory is added to the include path (torch compiles the files where they are, so their
+    quoted includes find their neighbours). A name loaded again with changed inputs becomes ``name_v1``, ... as in
     torch; ``build_directory`` is kept as :func:`load_inline` keeps it, ``keep_intermediates`` is
     ignored;
     ``is_standalone`` and SYCL raise :class:`Unsupported`.
@@ -304,7 +307,7 @@ def load(
         module_name, cpp, cuda_sources=cuda or None, extra_cflags=extra_cflags,
         extra_cuda_cflags=extra_cuda_cflags, extra_ldflags=extra_ldflags,
         extra_include_paths=[*(extra_include_paths or []), *dirs], with_cuda=with_cuda,
-        is_python_module=is_python_module, no_implicit_headers=True,
+        is_python_module=is_python_module, no_implicit_headers=True, separate_units=True,
     )
     return _get_and_import(spec, verbose, name, call, build_directory)[1]
 

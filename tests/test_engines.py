@@ -283,3 +283,125 @@ def test_library_planted_by_another_user_is_refused_for_that_user_not_root(cache
         assert os.listdir(d) == ["victim.so"]
     finally:
         shutil.rmtree(base)
+
+
+# --- DeepSpeed's JIT ops: load() of files, fixed name, no build_directory ----------------------
+
+SHM_H = "int shm_init(int size, int rank);\n"
+# Two files that each keep their own static state under the same names, as DeepSpeed's
+# shm_interface.cpp and shm.cpp do: one translation unit per file or they do not compile.
+SHM_CPP = """#include "shm.h"
+static int world_size;
+static int world_rank;
+static bool is_initialized;
+int shm_init(int size, int rank) { world_size = size; world_rank = rank; is_initialized = true;
+  return world_size * 100 + world_rank; }
+"""
+SHM_INTERFACE_CPP = """#include "shm.h"
+#include <omp.h>
+static int world_size;
+static int world_rank;
+static bool is_initialized;
+extern "C" int ds_init(int size, int rank) { world_size = size + 1; world_rank = rank; is_initialized = true;
+  return shm_init(size, rank) + world_size * 10000; }
+extern "C" int ds_threads(void) { int n = 0;
+#pragma omp parallel reduction(+:n)
+  n += 1;
+  return n; }
+"""
+
+DEEPSPEED = r'''
+import ctypes, os, pathlib, sys
+import torch.utils.cpp_extension as cpp_ext
+
+src = pathlib.Path(os.environ["DS_SRC"])
+lib_path = cpp_ext.load("shm_comm_t", [src / "shm_interface.cpp", src / "shm.cpp"],   # os.PathLike sources
+                        extra_cflags=["-O2", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                        is_python_module=False, verbose=sys.argv[1] == "0")
+lib = ctypes.CDLL(lib_path)                                                       # the return value used
+print("DS", lib.ds_init(4, int(sys.argv[1])), lib.ds_threads() >= 1, flush=True)
+'''
+
+
+def _deepspeed_sources(tmp_path):
+    src = tmp_path / "csrc"
+    src.mkdir()
+    (src / "shm.h").write_text(SHM_H)
+    (src / "shm.cpp").write_text(SHM_CPP)
+    (src / "shm_interface.cpp").write_text(SHM_INTERFACE_CPP)
+    return src
+
+
+def test_deepspeed_pattern_across_processes(cache_root, cxx, tmp_path):
+    src = _deepspeed_sources(tmp_path)
+    env = {"DS_SRC": str(src), "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext1")}
+    outs = _run_procs(DEEPSPEED, [[str(r)] for r in range(3)], env)
+    lines = [next(ln for ln in o.splitlines() if ln.startswith("DS ")) for o in outs]  # rank 0 is verbose
+    assert sorted(ln.split()[1] for ln in lines) == ["50400", "50401", "50402"], outs
+    assert all(ln.split()[2] == "True" for ln in lines)
+    assert cxx.compiles() == 2  # one object per source file, once for all three ranks
+    cxx.reset()
+    env["TORCH_EXTENSIONS_DIR"] = str(tmp_path / "ext2")  # a new, empty torch build root: still a hit
+    outs = _run_procs(DEEPSPEED, [["1"]], env)
+    assert outs[0].split()[1] == "50401" and cxx.compiles() == 0
+    assert not (tmp_path / "ext1").exists() and not (tmp_path / "ext2").exists()
+
+
+def test_plain_torch_builds_the_deepspeed_pattern_too(tmp_path):
+    """The reference: torch's own load() of the same files (so the test above asks what torch gives)."""
+    src = _deepspeed_sources(tmp_path)
+    outs = _run_procs(DEEPSPEED, [["2"]], {"DS_SRC": str(src), "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")},
+                      under_run=False)
+    assert outs[0].split()[1] == "50402"
+
+
+# --- flags, environment and errors as torch reads them ------------------------------------------
+
+
+@pytest.mark.parametrize("builder", ["direct", "load_inline"])
+def test_flags_with_spaces_or_line_breaks_are_split_into_words(cache_root, builder):
+    spec = stubcache.StubSpec(f"words_{builder}", '#ifndef X\n#error no X\n#endif\nextern "C" int f(void) { return X; }',
+                              extra_cflags=["-O0 -Wall", "-g\n\n", "-DX=3 -DY=4"], builder=builder)
+    assert spec.extra_cflags == ("-O0", "-Wall", "-g", "-DX=3", "-DY=4")
+    assert stubcache.StubCache().load(spec).f() == 3
+
+
+def test_a_flag_that_cannot_be_split_is_a_clear_error():
+    with pytest.raises(ValueError, match="cannot be split into words"):
+        stubcache.StubSpec("badq", "int x;", extra_cflags=["-DX='open quote"])
+
+
+def test_empty_arch_list_means_detect_as_in_torch(cache_root):
+    code = ("import stubcache; print(stubcache.StubCache().key(stubcache.StubSpec('arch', "
+            "'int x;', no_implicit_headers=True)))")
+    keys = set()
+    for value in (None, "", "  "):
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        env.pop("TORCH_CUDA_ARCH_LIST", None)
+        if value is not None:
+            env["TORCH_CUDA_ARCH_LIST"] = value
+        keys.add(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                check=True).stdout.strip())
+    env["TORCH_CUDA_ARCH_LIST"] = "8.0"
+    other = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert len(keys) == 1 and other.stdout.strip() not in keys
+
+
+def test_empty_cpp_sources_build_as_in_torch(cache_root):
+    path = stubcache.load_inline("empty_src", [], is_python_module=False, no_implicit_headers=True)
+    assert os.path.isfile(path)
+
+
+def test_cuda_sources_without_cuda_home_raise_torchs_oserror(cache_root):
+    import torch.utils.cpp_extension as cpp_ext
+
+    if cpp_ext.CUDA_HOME is not None:
+        pytest.skip("this torch has a CUDA_HOME")
+    with pytest.raises(OSError, match="CUDA_HOME"):
+        stubcache.load_inline("no_cuda", [], cuda_sources=["__global__ void k() {}"], is_python_module=False,
+                              no_implicit_headers=True)
+
+
+def test_failed_build_is_a_runtime_error_as_in_torch(cache_root):
+    with pytest.raises(RuntimeError, match="Error building extension 'broken_t'"):
+        stubcache.load_inline("broken_t", "this is not C++", is_python_module=False, no_implicit_headers=True)
