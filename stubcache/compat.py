@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from _thread import allocate_lock  # threading.Lock without importing threading (hit path)
 
 from . import _log, progress
@@ -123,6 +124,9 @@ def _import_module(name: str, path: str) -> Any:
         raise ImportError(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    # `import name` after load() (Megatron, transformers' kernels, nvdiffrast): CPython registers
+    # a single-phase extension module there itself; a multi-phase one is put there as well.
+    sys.modules.setdefault(name, module)
     return module
 
 

@@ -69,21 +69,15 @@ def _flag_list(value: Any, field: str) -> tuple[str, ...]:
 
 def _flag_words(value: Any, field: str) -> tuple[str, ...]:
     """Flags as torch's build file hands them to the compiler: each stripped, and one holding
-    whitespace (``"-O0 -Wall"``) split into words as a shell splits an unquoted line, quotes
-    removed (``shlex``: nothing is expanded or run). A flag without whitespace is kept exactly,
-    quotes included (see docs/cache.md, "Deliberate differences")."""
+    spaces or tabs but no quote (``"-O0 -Wall"``) split into its words, as the shell that runs
+    torch's ninja line would split it (here by ``str.split``: nothing is expanded or run). A flag
+    with a quote is kept as one word, quotes included, and a line break inside a flag is left
+    for the builder to refuse (see docs/cache.md, "Deliberate differences")."""
     flags = _flag_list(value, field)
-    if not any(c.isspace() for f in flags for c in f):
-        return flags
-    import shlex
-
-    out = []
+    out: list[str] = []
     for flag in flags:
-        if any(c.isspace() for c in flag):
-            try:
-                out.extend(shlex.split(flag))
-            except ValueError as exc:
-                raise ValueError(f"{field} flag {flag!r} cannot be split into words: {exc}") from None
+        if (" " in flag or "\t" in flag) and not any(c in flag for c in "'\"\n\r"):
+            out.extend(flag.split())
         else:
             out.append(flag)
     return tuple(out)

@@ -168,7 +168,8 @@ def test_no_flag_reaches_a_shell(cache_root, tmp_path, builder):
         'extern "C" int seven(void) { return SEVEN; }', builder=builder,
         no_implicit_headers=True, extra_include_paths=[str(inc)],
         extra_cflags=[f'-DMSG="{nasty}"', "-O2", "-O2", "-DDUP=1", "-DDUP=1"],  # duplicates tolerated
-        extra_ldflags=[f"-L{tmp_path}/x;touch {marker}"])
+        # no space: a flag with spaces and no quotes is split into words, as torch's shell would
+        extra_ldflags=[f"-L{tmp_path}/x;touch${{IFS}}{marker};$(touch${{IFS}}{marker})"])
     cache = stubcache.StubCache()
     lib = cache.load(spec)
     lib.msg.restype = ctypes.c_char_p
