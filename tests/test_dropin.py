@@ -193,7 +193,8 @@ def test_include_paths_with_spaces_and_headers_beside_load_sources(cache_root, t
     srcdir.mkdir()
     (srcdir / "three.h").write_text("#define THREE 3\n")
     (srcdir / "a.cpp").write_text('#include "two.h"\n#include "three.h"\nextern "C" int a(void) { return TWO; }\n')
-    (srcdir / "b.cpp").write_text('extern "C" int b(void) { return THREE; }\n')  # several sources
+    # several sources, each its own translation unit (as in torch): b.cpp includes what it uses
+    (srcdir / "b.cpp").write_text('#include "three.h"\nextern "C" int b(void) { return THREE; }\n')
     path = stubcache.load("spaces", [str(srcdir / "a.cpp"), str(srcdir / "b.cpp")],
                           extra_include_paths=[str(inc)], is_python_module=False)
     lib = ctypes.CDLL(path)
