@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import threading
 import time
 
@@ -58,6 +59,8 @@ def build(spec: StubSpec, build_dir: str, compiler: dict | None = None) -> Build
         if spec.build_method == "direct":
             probe = buildinputs.start_search_probe(spec, build_dir)  # runs beside the compile
             library, out, deps = _build_direct(spec, build_dir, compiler)
+        elif spec.separate_units and len(spec.cpp_sources) + len(spec.cuda_sources) > 1:
+            library, out, deps = _build_units(spec, build_dir, compiler)
         else:
             library, out, deps = _build_load_inline(spec, build_dir, compiler)
     except BaseException:
@@ -199,9 +202,39 @@ def load_inline_kwargs(spec: StubSpec, build_dir: str, verbose: bool = False, co
     return kwargs
 
 
+def load_kwargs(spec: StubSpec, build_dir: str, verbose: bool = False, compiler: dict | None = None) -> dict:
+    """The arguments torch's ``load`` gets for a spec of separate translation units: each source
+    written to its own file in ``build_dir`` (``src<i>.cpp``/``.cu``, bytes as given), flags as
+    for :func:`load_inline_kwargs`. torch's ``build.ninja`` then has one compile per file, with
+    the same flags, and one link, as for the caller's own files.
+
+    The full dependency list (``-Wp,-MD``) is left out here: one file name for every compile
+    would be overwritten by each; torch's ``-MMD`` lists, read back through ``ninja -t deps``,
+    track the files each object read outside the system directories."""
+    kwargs = load_inline_kwargs(spec, build_dir, verbose, compiler)
+    full_deps = set(ninja_safe_flags(buildinputs.compile_dep_flags(compiler or buildinputs.compiler_facts()), ""))
+    sources = []
+    for ext, texts in ((".cpp", spec.cpp_sources), (".cu", spec.cuda_sources)):
+        for text in texts:
+            path = os.path.join(build_dir, f"src{len(sources)}{ext}")
+            with open(path, "wb") as fh:
+                fh.write(text.encode("utf-8", "surrogateescape"))
+            sources.append(path)
+    return dict(
+        name=spec.name, sources=sources,
+        extra_cflags=[f for f in kwargs["extra_cflags"] if f not in full_deps],
+        extra_cuda_cflags=kwargs["extra_cuda_cflags"], extra_ldflags=kwargs["extra_ldflags"],
+        extra_include_paths=[], build_directory=build_dir, verbose=verbose, with_cuda=spec.with_cuda,
+        is_python_module=False,
+    )
+
+
+def _build_units(spec: StubSpec, build_dir: str, compiler: dict) -> tuple[str, str, list[str]]:
+    return _run_torch("load", spec, build_dir, load_kwargs(spec, build_dir, progress.verbose(), compiler))
+
+
 def _build_load_inline(spec: StubSpec, build_dir: str, compiler: dict) -> tuple[str, str, list[str]]:
     global _warned_no_implicit
-    import glob
     import inspect
 
     from .patch import torch_original
@@ -218,16 +251,36 @@ def _build_load_inline(spec: StubSpec, build_dir: str, compiler: dict) -> tuple[
             _warned_no_implicit = True
             _log.warning("this torch has no load_inline(no_implicit_headers=); "
                          "stubs are built with torch's implicit headers (slow). Upgrade to torch>=2.8.")
+    return _run_torch("load_inline", spec, build_dir, kwargs)
+
+
+def _run_torch(which: str, spec: StubSpec, build_dir: str, kwargs: dict) -> tuple[str, str, list[str]]:
+    """Run torch's own ``load_inline`` or ``load`` with ``kwargs``; torch's failure as a BuildError."""
+    import glob
+
+    from .patch import torch_original
+
+    try:
+        torch_fn = torch_original(which)  # never the module attribute: it may be patched
+    except ImportError as exc:
+        raise BuildError(f"Error building extension '{spec.name}': it needs torch ({exc})", name=spec.name) from None
     prefix = f"Error building extension '{spec.name}'"
     with _torch_lock:
+        live = sys.modules.get("torch.utils.cpp_extension")
+        if live is not None and torch_fn.__globals__ is not vars(live):
+            # torch's function from a private copy of its module (patch._fresh_module): the
+            # caller's in-place edits of COMMON_NVCC_FLAGS are on the real module's list
+            torch_fn.__globals__["COMMON_NVCC_FLAGS"] = list(getattr(live, "COMMON_NVCC_FLAGS", []))
         # torch renames a second build of one name in a process to <name>_v1 (its in-memory
         # versioner); the drop-ins version names themselves, so keep torch's stable here.
-        versioner = load_inline.__globals__.get("JIT_EXTENSION_VERSIONER")
+        versioner = torch_fn.__globals__.get("JIT_EXTENSION_VERSIONER")
         entries = getattr(versioner, "entries", None)
         if isinstance(entries, dict):
             entries.pop(spec.name, None)
         try:
-            load_inline(**kwargs)
+            torch_fn(**kwargs)
+        except OSError:
+            raise  # torch's own for a missing CUDA_HOME (or ninja, or a compiler it cannot run)
         except Exception as exc:  # torch raises RuntimeError with ninja's output, or others
             text = str(exc)
             if text.startswith(prefix):

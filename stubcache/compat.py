@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from _thread import allocate_lock  # threading.Lock without importing threading (hit path)
 
 from . import _log, progress
@@ -20,7 +21,6 @@ _caches: dict[str, StubCache] = {}
 _modules: dict[tuple, Any] = {}
 _call_memo: dict[tuple, Any] = {}
 _versions: dict[str, tuple[int, Any]] = {}  # name -> (version, the call it was last loaded with)
-_noticed: set[str] = set()
 # The spec fields load_inline takes from torch's parameters of the same name (FIELDS' torch
 # column), in order; ``name`` is not among them: the drop-in versions it first.
 _FORWARDED = tuple(f.name for f in FIELDS if f.torch and f.name != "name")
@@ -71,14 +71,6 @@ def _functions_like_torch(functions: Any) -> Any:
     raise ValueError(f"Expected 'functions' to be a list or dict, but was {type(functions)}")
 
 
-def _notice_ignored(build_directory: Any, root: str) -> None:
-    if build_directory and "build_directory" not in _noticed:
-        _noticed.add("build_directory")
-        _log.warning("build_directory=%r is ignored: stubcache builds each stub in a private staging "
-                     "directory and keeps only the library, in the cache at %s (see docs/cache.md)",
-                     os.fspath(build_directory), root)
-
-
 def default_cache() -> StubCache:
     """The process-wide :class:`StubCache` for the current ``STUBCACHE_DIR`` (or default root)."""
     root = default_root()
@@ -96,37 +88,73 @@ def _unsupported(**kwargs: Any) -> None:
                               "directly (a patched torch does so by itself)")
 
 
-def _import_entry(cache: StubCache, entry: Entry, is_python_module: bool) -> Any:
-    """Load an entry the way torch's ``_import_module_from_library`` would."""
+def _import_entry(cache: StubCache, entry: Entry, is_python_module: bool, build_directory: Any = None) -> Any:
+    """Load an entry the way torch's ``_import_module_from_library`` would: from the cache, or,
+    with a ``build_directory``, from the copy placed at ``<build_directory>/<name>.so``."""
+    if build_directory is not None:
+        # Placed and loaded on every call, as torch imports from there on every call: the caller
+        # may have removed the file or the directory since.
+        return _import_placed(cache, entry, is_python_module, build_directory)
     key = (entry.key, is_python_module)
     if entry.published and key in _modules:
         return _modules[key]
     # Every load below is by the path load_entry verified and loaded, so glibc hands back that
     # checked handle even if the entry has since been replaced on disk.
-    if entry.manifest.build_method == "direct":
-        result: Any = cache.loaded_path(entry)  # the real path it was loaded (and checked) by
+    elif entry.manifest.build_method == "direct":
+        result = cache.loaded_path(entry)  # the real path it was loaded (and checked) by
     else:
         import torch  # first: the library needs libtorch (and its Python bindings) loaded
 
         path = cache.loaded_path(entry)
-
-        if is_python_module:
-            import importlib.machinery
-            import importlib.util
-
-            name = entry.manifest.module_name
-            loader = importlib.machinery.ExtensionFileLoader(name, path)
-            spec = importlib.util.spec_from_file_location(name, path, loader=loader)
-            if spec is None:
-                raise ImportError(f"cannot import {entry.path}")
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            result = module
-        else:
+        result = _import_module(entry.manifest.module_name, path) if is_python_module else path
+        if not is_python_module:
             torch.ops.load_library(path)
-            result = path
     if entry.published:
         _modules[key] = result
+    return result
+
+
+def _import_module(name: str, path: str) -> Any:
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.ExtensionFileLoader(name, path)
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
+    if spec is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    # `import name` after load() (Megatron, transformers' kernels, nvdiffrast): CPython registers
+    # a single-phase extension module there itself; a multi-phase one is put there as well.
+    sys.modules.setdefault(name, module)
+    return module
+
+
+def _import_placed(cache: StubCache, entry: Entry, is_python_module: bool, build_directory: Any) -> Any:
+    """Place the library in ``build_directory`` (see :mod:`stubcache.builddir`) and load that
+    very file, so that a later ``dlopen`` of ``<build_directory>/<name>.so`` gets this handle."""
+    import ctypes
+
+    from . import builddir
+    from .mapped import check_mapped
+
+    placed = builddir.place(build_directory, entry.path, entry.manifest, entry.manifest.module_name)
+    try:
+        real = os.path.realpath(placed.path)
+        if entry.manifest.build_method == "direct":
+            result: Any = placed.path
+        else:
+            import torch  # the library needs libtorch (and its Python bindings) loaded first
+
+            if is_python_module:
+                result = _import_module(entry.manifest.module_name, os.path.abspath(placed.path))
+            else:
+                torch.ops.load_library(placed.path)
+                result = placed.path
+        lib = ctypes.CDLL(real)  # the handle already loaded by that name (or the first load)
+        check_mapped(real, placed.st, entry.manifest.sha256, lib._handle, placed.fd)
+    finally:
+        os.close(placed.fd)
     return result
 
 
@@ -161,10 +189,12 @@ def load_inline(
     output (commands and compiler output, live, on stdout); a failed build raises
     :class:`stubcache.BuildError`, a ``RuntimeError`` with torch's message shape.
 
-    Deliberate differences: ``build_directory``, ``keep_intermediates`` and ``use_pch`` are
-    accepted and ignored (every build happens in a private staging directory and only the library
-    is kept; a ``build_directory`` gets a one-time notice); flags are shell-quoted, so a flag never
-    runs as a command; ``functions`` may also be a tuple. SYCL and ``gil_not_used`` are not
+    With a ``build_directory``, the library is also at ``<build_directory>/<name>.so`` when this
+    returns, and that file is the one loaded (a later ``dlopen`` of that path gets the same
+    handle, as with torch); the build itself happens in a private staging directory, never there
+    (see :mod:`stubcache.builddir` for the checks on the directory). ``keep_intermediates`` and
+    ``use_pch`` are accepted and ignored; flags are split into words as torch's build file does,
+    but never seen by a shell; ``functions`` may also be a tuple. SYCL and ``gil_not_used`` are not
     supported (:class:`Unsupported`, a ``ValueError``; a patched torch hands such calls to torch).
     """
     _unsupported(sycl_sources=sycl_sources, extra_sycl_cflags=extra_sycl_cflags, with_sycl=with_sycl,
@@ -172,6 +202,8 @@ def load_inline(
     functions = _functions_like_torch(functions)
     if cpp_sources is None:  # torch fails joining it: a TypeError there too
         raise TypeError("cpp_sources must be str or a list of str, got None")
+    if not cpp_sources and not cuda_sources and isinstance(cpp_sources, (str, list, tuple)):
+        cpp_sources = [""]  # torch builds an empty main.cpp (its headers only): so does the spec
     root = default_root()
     # Repeated calls with the same arguments (engines call this per layer or per request) skip
     # validation and hashing: torch returns the already-loaded module in that case too.
@@ -181,18 +213,19 @@ def load_inline(
         call = tuple([_frozen(args[f]) for f in _FORWARDED])
         module_name = _versioned(name, call) if isinstance(name, str) else name
         memo_key = (root, _env_snapshot(), module_name, call)
-        hit = _call_memo.get(memo_key)
+        # With a build_directory the library is placed there again on every call (the caller
+        # may have removed it): no memo.
+        hit = _call_memo.get(memo_key) if build_directory is None else None
     except TypeError:  # unhashable odd input: the spec below reports it properly
         hit = None
         module_name = name
     if hit is not None:
         return hit
-    _notice_ignored(build_directory, root)
     fields = {f: args[f] for f in _FORWARDED}
     fields["no_implicit_headers"] = bool(no_implicit_headers)  # torch's False keeps the headers; None would decide
     spec = StubSpec(module_name, **fields)
-    entry, result = _get_and_import(spec, verbose, name, call)
-    if memo_key is not None and entry.published and not spec.tracks_headers:
+    entry, result = _get_and_import(spec, verbose, name, call, build_directory)
+    if memo_key is not None and build_directory is None and entry.published and not spec.tracks_headers:
         _call_memo[memo_key] = result
     return result
 
@@ -200,7 +233,8 @@ def load_inline(
 _imported: dict[str, str] = {}  # Python module name -> key of the library imported under it
 
 
-def _get_and_import(spec: StubSpec, verbose: bool, name: Any = None, call: Any = None) -> tuple[Entry, Any]:
+def _get_and_import(spec: StubSpec, verbose: bool, name: Any = None, call: Any = None,
+                    build_directory: Any = None) -> tuple[Entry, Any]:
     cache = default_cache()
     with progress.verbose_scope(verbose):
         entry = cache.get_or_build(spec)
@@ -219,7 +253,7 @@ def _get_and_import(spec: StubSpec, verbose: bool, name: Any = None, call: Any =
     if verbose:
         progress.echo(f"stubcache: loading extension module {spec.name} from {entry.path} "
                       f"({entry.manifest.build_method} build)\n")
-    return entry, _import_entry(cache, entry, spec.is_python_module)
+    return entry, _import_entry(cache, entry, spec.is_python_module, build_directory)
 
 
 _CUDA_EXT = (".cu", ".cuh")
@@ -244,10 +278,12 @@ def load(
     """Drop-in for ``torch.utils.cpp_extension.load`` over source files on disk.
 
     The files' contents, read as bytes (a file need not be UTF-8), and the headers they include
-    from their own directories or ``extra_include_paths`` are hashed into the key. The C++ files
-    are compiled as one translation unit, in the order given; each file's directory is added to
-    the include path. A name loaded again with changed inputs becomes ``name_v1``, ... as in
-    torch; ``build_directory`` and ``keep_intermediates`` are ignored (see :func:`load_inline`);
+    from their own directories or ``extra_include_paths`` are hashed into the key. As in torch,
+    each file is its own translation unit (one object per file, one link); each file's
+    directory is added to the include path (torch compiles the files where they are, so their
+    quoted includes find their neighbours). A name loaded again with changed inputs becomes ``name_v1``, ... as in
+    torch; ``build_directory`` is kept as :func:`load_inline` keeps it, ``keep_intermediates`` is
+    ignored;
     ``is_standalone`` and SYCL raise :class:`Unsupported`.
     """
     _unsupported(extra_sycl_cflags=extra_sycl_cflags, with_sycl=with_sycl, is_standalone=is_standalone)
@@ -271,14 +307,13 @@ def load(
         module_name = _versioned(name, call) if isinstance(name, str) else name
     except TypeError:
         module_name = name
-    _notice_ignored(build_directory, default_root())
     spec = StubSpec(
         module_name, cpp, cuda_sources=cuda or None, extra_cflags=extra_cflags,
         extra_cuda_cflags=extra_cuda_cflags, extra_ldflags=extra_ldflags,
         extra_include_paths=[*(extra_include_paths or []), *dirs], with_cuda=with_cuda,
-        is_python_module=is_python_module, no_implicit_headers=True,
+        is_python_module=is_python_module, no_implicit_headers=True, separate_units=True,
     )
-    return _get_and_import(spec, verbose, name, call)[1]
+    return _get_and_import(spec, verbose, name, call, build_directory)[1]
 
 
 mark(load_inline)

@@ -22,7 +22,8 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path
 if TYPE_CHECKING:
     from typing import Any, Callable
 
-FORMAT_VERSION = 3  # 2: real compiler, tracked inputs, needless fields nulled; 3: records without the holes of 2
+FORMAT_VERSION = 4  # 2: real compiler, tracked inputs, needless fields nulled; 3: records without the holes of 2;
+#                    4: separate_units in the spec
 
 # Environment variables that torch's cpp_extension, the compiler drivers (gcc, clang, nvcc) or
 # the linker read when forming or running build commands and that can change the output; the
@@ -68,6 +69,8 @@ def _env_from_snapshot(snap: tuple) -> dict[str, str]:
             value = os.environ.decodevalue(raw) if _ENV_DATA is not None else raw
             if name in _LOCALE_VARS and _neutral_locale(value):
                 continue
+            if name == "TORCH_CUDA_ARCH_LIST" and not value.strip():
+                continue  # torch reads "" as unset ("detect"): cuda() then keys the detected archs
             out[name] = value
     return out
 
@@ -258,7 +261,10 @@ class Fingerprint:
         from .toolchain import nvcc_command, visible_cuda_archs
 
         fp: dict[str, Any] = {"nvcc": self.compiler_identity(nvcc_command())}
-        if not os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        cpp_ext = sys.modules.get("torch.utils.cpp_extension")
+        if cpp_ext is not None:  # callers edit this list in place; torch reads it at build time
+            fp["common_nvcc_flags"] = [str(f) for f in getattr(cpp_ext, "COMMON_NVCC_FLAGS", ())]
+        if not os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip():
             fp["visible_archs"] = visible_cuda_archs(self._memo)
         return fp
 

@@ -348,8 +348,12 @@ def acquire(store: "Store", base: str, timeout: float, name: str, published=None
     fd = store.open_lock_file(store.lock_path(base))
     try:
         def notice() -> None:
-            _log.warning("stubcache: waiting for %s to finish building %r (key %s)",
-                         describe_holder(store, base, fd), name, base)
+            # On a terminal, or with verbose=True, a person is watching; an engine's ranks with
+            # stderr in a log file stay as silent as torch's waiting ranks (the logger has it).
+            from . import progress
+
+            say = _log.warning if progress.verbose() or progress.stderr_is_terminal() else _log.info
+            say("stubcache: waiting for %s to finish building %r (key %s)", describe_holder(store, base, fd), name, base)
 
         got = wait_flock(fd, EX, timeout, max_delay=0.01, until=published, notice=notice)
         if got is False:

@@ -67,6 +67,11 @@ def _stderr_fd() -> int | None:
         return None
 
 
+def stderr_is_terminal() -> bool:
+    """Whether standard error is a terminal (where a person reads status and notices)."""
+    return _stderr_fd() is not None
+
+
 _shown: set["status"] = set()  # status lines on the terminal now
 
 

@@ -67,6 +67,22 @@ def _flag_list(value: Any, field: str) -> tuple[str, ...]:
     return tuple([f.strip() for f in _str_list(value, field)])
 
 
+def _flag_words(value: Any, field: str) -> tuple[str, ...]:
+    """Flags as torch's build file hands them to the compiler: each stripped, and one holding
+    spaces or tabs but no quote (``"-O0 -Wall"``) split into its words, as the shell that runs
+    torch's ninja line would split it (here by ``str.split``: nothing is expanded or run). A flag
+    with a quote is kept as one word, quotes included, and a line break inside a flag is left
+    for the builder to refuse (see docs/cache.md, "Deliberate differences")."""
+    flags = _flag_list(value, field)
+    out: list[str] = []
+    for flag in flags:
+        if (" " in flag or "\t" in flag) and not any(c in flag for c in "'\"\n\r"):
+            out.extend(flag.split())
+        else:
+            out.append(flag)
+    return tuple(out)
+
+
 def _check_text(text: str, field: str) -> None:
     if "\x00" in text:
         raise ValueError(f"{field} contains a NUL character")
@@ -239,9 +255,9 @@ FIELDS: tuple[Field, ...] = (
     # sorted (name, docstring) pairs: the binding order is irrelevant, so it must not split the key
     Field("functions", None, _functions, data=_pairs_to_dict, key=_functions_key, from_key=_pairs_to_dict,
           torch=PASS),
-    Field("extra_cflags", None, _flag_list, data=list, torch=REWRITE),
-    Field("extra_cuda_cflags", None, _flag_list, data=list, torch=REWRITE),
-    Field("extra_ldflags", None, _flag_list, data=list, torch=REWRITE),
+    Field("extra_cflags", None, _flag_words, data=list, torch=REWRITE),
+    Field("extra_cuda_cflags", None, _flag_words, data=list, torch=REWRITE),
+    Field("extra_ldflags", None, _flag_words, data=list, torch=REWRITE),
     Field("extra_include_paths", None, _include_paths, data=list, torch=REWRITE),
     Field("with_cuda", None, _optional_bool, key=attrgetter("effective_with_cuda"), torch=PASS),
     Field("is_python_module", False, _bool, key=_only_with_functions("is_python_module"), from_key=bool,
@@ -250,6 +266,8 @@ FIELDS: tuple[Field, ...] = (
           from_key=lambda value: value is not False, torch=PASS),
     Field("no_implicit_headers", None, _optional_bool, key=attrgetter("skips_implicit_headers"), torch=REWRITE),
     Field("builder", None, _builder, key=attrgetter("build_method"), key_name="build_method", torch=None),
+    # load()'s files: each source its own translation unit (one object per file, one link)
+    Field("separate_units", False, _bool, torch=None),
 )
 FIELD_NAMES = frozenset(f.name for f in FIELDS)
 
@@ -291,6 +309,9 @@ class StubSpec:
             source mentions torch, ATen, c10 or pybind11.
         builder: ``None`` (automatic), ``"direct"`` or ``"load_inline"``; see :attr:`build_method`.
             ``"direct"`` is refused for specs that need torch headers, a Python module or CUDA.
+        separate_units: compile each source as its own translation unit and link the objects,
+            as torch's ``load()`` does with its files (default ``False``: ``load_inline``'s one
+            file). With more than one source it takes torch's build path.
 
     Invalid input raises ``TypeError``/``ValueError`` here, before anything touches disk. A
     spec is immutable (a cache remembers its key): use :meth:`replace` for a changed copy.
@@ -316,6 +337,7 @@ class StubSpec:
         with_pytorch_error_handling: bool = True,
         no_implicit_headers: bool | None = None,
         builder: str | None = None,
+        separate_units: bool = False,
     ) -> None:
         # The parameters above are FIELDS, in order and with its defaults (tests/test_spec_fields.py
         # checks it): spelled out so that callers and type checkers see them.
@@ -393,7 +415,8 @@ class StubSpec:
 
     def _direct_ok(self) -> bool:
         return (
-            self.skips_implicit_headers
+            not (self.separate_units and len(self.cpp_sources) + len(self.cuda_sources) > 1)
+            and self.skips_implicit_headers
             and not self.is_python_module
             and not self.cuda_sources
             and not self.effective_with_cuda

@@ -44,42 +44,43 @@ SPECS = {
 }
 
 KEYS = {
-    "plain": "86f6e70000d86bcfb0b1013419e1ef42",
-    "rich": "9107f9a2fd24c183e1c86f4e503b226c",
-    "cuda": "f3c7ce40e3cc34caede8cf153e7b2f79",
-    "forced": "032dc6842ce820f89b0343eeaad87d01",
-    "torchy": "95504eb0a70280fe8ba02986d4905f3b",
-    "tools": "e444de6643e5aa51badf9074ce08ca33",
-    "text": "63252e286e94b076252e667974959224",
+    "plain": "7ab6ff51e0274acb69956e2e3dee405d",
+    "rich": "7577744557f68203ef8508c9a908cf89",
+    "cuda": "1cbfc6cfdc749b1f8d6b395d0a2829d8",
+    "forced": "e3610e30456bd8a08f54d0b339012519",
+    "torchy": "1a6e10c8aaef93e47c33959b98ed027e",
+    "tools": "897f5cee9cf921426e5b72e474183014",
+    "text": "2c51d290f95796e5be65f40b070f497c",
 }
 
 CANONICAL = {
     "plain": {"name": "plain", "cpp_sources": ['extern "C" int value(void) { return 1; }'], "cuda_sources": [],
               "functions": None, "extra_cflags": [], "extra_cuda_cflags": [], "extra_ldflags": [],
               "extra_include_paths": [], "with_cuda": False, "is_python_module": None,
-              "with_pytorch_error_handling": None, "no_implicit_headers": True, "build_method": "direct"},
+              "with_pytorch_error_handling": None, "no_implicit_headers": True, "build_method": "direct", "separate_units": False},
     "rich": {"name": "rich", "cpp_sources": ["int add(int a, int b) { return a + b; }", "int sub(int a, int b);"],
              "cuda_sources": [], "functions": [["add", "Add."], ["sub", "Subtract."]],
              "extra_cflags": ["-O2", "-DX=1"], "extra_cuda_cflags": [], "extra_ldflags": ["-lm"],
              "extra_include_paths": ["/opt/inc", "/usr/local/include"], "with_cuda": False,
              "is_python_module": True, "with_pytorch_error_handling": False, "no_implicit_headers": False,
-             "build_method": "load_inline"},
+             "build_method": "load_inline", "separate_units": False},
     "torchy": {"name": "torchy", "cpp_sources": ["TORCH_LIBRARY(x, m) {}"], "cuda_sources": [],
                "functions": [["f", "f"], ["g", "g"]], "extra_cflags": [], "extra_cuda_cflags": [],
                "extra_ldflags": [], "extra_include_paths": [], "with_cuda": False, "is_python_module": False,
-               "with_pytorch_error_handling": True, "no_implicit_headers": False, "build_method": "load_inline"},
+               "with_pytorch_error_handling": True, "no_implicit_headers": False, "build_method": "load_inline",
+               "separate_units": False},
 }
 
 TO_JSON = {
     "plain": '{"builder": null, "cpp_sources": ["extern \\"C\\" int value(void) { return 1; }"], "cuda_sources": [], '
              '"extra_cflags": [], "extra_cuda_cflags": [], "extra_include_paths": [], "extra_ldflags": [], '
              '"functions": null, "is_python_module": false, "name": "plain", "no_implicit_headers": null, '
-             '"with_cuda": null, "with_pytorch_error_handling": true}',
+             '"separate_units": false, "with_cuda": null, "with_pytorch_error_handling": true}',
     "rich": '{"builder": null, "cpp_sources": ["int add(int a, int b) { return a + b; }", "int sub(int a, int b);"], '
             '"cuda_sources": [], "extra_cflags": ["-O2", "-DX=1"], "extra_cuda_cflags": [], '
             '"extra_include_paths": ["/opt/inc", "/usr/local/include"], "extra_ldflags": ["-lm"], '
             '"functions": {"add": "Add.", "sub": "Subtract."}, "is_python_module": true, "name": "rich", '
-            '"no_implicit_headers": null, "with_cuda": null, "with_pytorch_error_handling": false}',
+            '"no_implicit_headers": null, "separate_units": false, "with_cuda": null, "with_pytorch_error_handling": false}',
 }
 
 
@@ -255,7 +256,7 @@ def test_dropin_forwards_every_torch_field(monkeypatch):
     class Unpublished:
         published = False
 
-    def capture(spec, verbose, name=None, call=None):
+    def capture(spec, verbose, name=None, call=None, build_directory=None):
         seen.append((spec, call))
         return Unpublished(), None
 
