@@ -43,6 +43,7 @@ SCENARIOS = {
     8: "s8_fleet",
     9: "s9_tracked_inputs",
     10: "s10_startup_cap",
+    11: "s11_engine_start",
 }
 
 
