@@ -202,9 +202,14 @@ def row(case: str, approach: str, samples: Iterable[float], unit: str = "s", **e
             "extra": extra}
 
 
-def target(name: str, measured: str, goal: str, met: bool | None, note: str = "") -> dict:
-    """A target from the issue: ``met`` is True/False, or None when not measured in this run."""
-    return {"target": name, "measured": measured, "goal": goal, "met": met, "note": note}
+def target(name: str, measured: str, goal: str, met: bool | None, note: str = "", headline: str | None = None) -> dict:
+    """A target from the issue: ``met`` is True/False, or None when not measured in this run.
+    ``headline`` ("1a", "2", ...) puts it in the table that opens docs/performance.md, in that
+    order (see ``run.py --doc``)."""
+    t = {"target": name, "measured": measured, "goal": goal, "met": met, "note": note}
+    if headline:
+        t["headline"] = headline
+    return t
 
 
 def find(rows: list[dict], case: str | None = None, approach: str | None = None) -> dict | None:

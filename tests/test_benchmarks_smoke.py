@@ -73,3 +73,32 @@ def test_wheel_env_runs_the_checkout_as_installed_without_torch(tmp_path):
         assert proc.returncode == 0, proc.stderr
         value, where, torch_loaded = proc.stdout.split()
         assert value == "7" and where.startswith(str(tmp_path / "w" / "venv")) and torch_loaded == "False"
+
+
+def test_performance_doc_opens_with_the_generated_table():
+    """docs/performance.md's opening table is what ``run.py --doc`` rendered from the record
+    beside it (docs/performance-targets.json), not typed by hand."""
+    import json
+
+    text = bench_run.DOC.read_text()
+    block = bench_run.doc_block(text)
+    assert block is not None, "docs/performance.md lost its generated block"
+    assert text.index(bench_run.BEGIN) < text.index("## How to run")  # the doc opens with it
+    record = json.loads(bench_run.DOC_TARGETS.read_text())
+    assert block == bench_run.render_headline(record)
+    assert [t["headline"] for t in record["targets"]] == sorted(t["headline"] for t in record["targets"])
+
+
+def test_headline_table_from_a_run(tmp_path):
+    doc = tmp_path / "performance.md"
+    doc.write_text(f"# P\n\n{bench_run.BEGIN}\nold\n{bench_run.END}\n\n## How to run\n")
+    results = {"command": "python benchmarks/run.py --doc",
+               "machine": {"date": "d", "git_commit": "abc1234", "nproc": "2", "loadavg_start": (1.0, 2.0, 3.0)},
+               "scenarios": [{"id": 11, "targets": [_common.target("b", "2×", "≥ 5×", False, headline="1b"),
+                                                     _common.target("a", "6×", "≥ 5×", True, headline="1a"),
+                                                     _common.target("not headline", "1", "1", True)]}]}
+    bench_run.write_doc(results, doc, tmp_path / "targets.json")
+    block = bench_run.doc_block(doc.read_text())
+    assert "old" not in block and "abc1234" in block
+    assert block.splitlines()[-2:] == ["| 1a | a | **met** | 6× | 11 |", "| 1b | b | **missed** | 2× | 11 |"]
+    assert doc.read_text().endswith("## How to run\n")
