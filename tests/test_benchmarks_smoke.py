@@ -84,21 +84,28 @@ def test_performance_doc_opens_with_the_generated_table():
     block = bench_run.doc_block(text)
     assert block is not None, "docs/performance.md lost its generated block"
     assert text.index(bench_run.BEGIN) < text.index("## How to run")  # the doc opens with it
-    record = json.loads(bench_run.DOC_TARGETS.read_text())
-    assert block == bench_run.render_headline(record)
-    assert [t["headline"] for t in record["targets"]] == sorted(t["headline"] for t in record["targets"])
+    rows = json.loads(bench_run.DOC_TARGETS.read_text())
+    assert block == bench_run.render_headline(rows)
+    assert [t["headline"] for t in rows] == sorted(t["headline"] for t in rows)
 
 
-def test_headline_table_from_a_run(tmp_path):
-    doc = tmp_path / "performance.md"
+def _results(commit: str, sid: int, targets: list) -> dict:
+    return {"command": "python benchmarks/run.py --doc", "scenarios": [{"id": sid, "targets": targets}],
+            "machine": {"date": "d", "git_commit": commit, "nproc": "2", "loadavg_start": (1.0, 2.0, 3.0)}}
+
+
+def test_headline_table_from_runs(tmp_path):
+    doc, record = tmp_path / "performance.md", tmp_path / "targets.json"
     doc.write_text(f"# P\n\n{bench_run.BEGIN}\nold\n{bench_run.END}\n\n## How to run\n")
-    results = {"command": "python benchmarks/run.py --doc",
-               "machine": {"date": "d", "git_commit": "abc1234", "nproc": "2", "loadavg_start": (1.0, 2.0, 3.0)},
-               "scenarios": [{"id": 11, "targets": [_common.target("b", "2×", "≥ 5×", False, headline="1b"),
-                                                     _common.target("a", "6×", "≥ 5×", True, headline="1a"),
-                                                     _common.target("not headline", "1", "1", True)]}]}
-    bench_run.write_doc(results, doc, tmp_path / "targets.json")
+    bench_run.write_doc(_results("abc1234", 11, [_common.target("b", "2×", "≥ 5×", False, headline="1b"),
+                                                 _common.target("a", "6×", "≥ 5×", True, headline="1a"),
+                                                 _common.target("not headline", "1", "1", True)]), doc, record)
+    bench_run.write_doc(_results("def5678", 4, [_common.target("herd", "1.2×", "≤ 1.3×", True, headline="3")]),
+                        doc, record)
+    bench_run.write_doc(_results("0a0a0a0", 11, [_common.target("b", "5.5×", "≥ 5×", True, headline="1b")]),
+                        doc, record)  # replaces every row of scenario 11
     block = bench_run.doc_block(doc.read_text())
-    assert "old" not in block and "abc1234" in block
-    assert block.splitlines()[-2:] == ["| 1a | a | **met** | 6× | 11 |", "| 1b | b | **missed** | 2× | 11 |"]
+    assert "old" not in block and "abc1234" not in block
+    assert block.splitlines()[2:4] == ["| 1b | b | **met** | 5.5× | 11, run 1 |", "| 3 | herd | **met** | 1.2× | 4, run 2 |"]
+    assert "Run 1: `python benchmarks/run.py --doc` at git 0a0a0a0" in block and "git def5678" in block
     assert doc.read_text().endswith("## How to run\n")
