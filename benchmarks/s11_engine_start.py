@@ -76,7 +76,17 @@ t4 = pc()
 cache.load_entry(entry)
 t5 = pc()
 mods = sorted(m for m in set(sys.modules) - before if m.startswith("stubcache"))
-print(json.dumps({"import stubcache": t1 - t0, "import the drop-ins (stubcache.compat)": t2 - t1,
+# What unmarshalling those modules' bytecode alone costs (a part of "import"), timed again here.
+import marshal
+codes = [open(sys.modules[m].__cached__, "rb").read()[16:] for m in mods if getattr(sys.modules[m], "__cached__", None)]
+best = None
+for _ in range(3):
+    t = pc()
+    for c in codes:
+        marshal.loads(c)
+    best = min(best or 1e9, pc() - t)
+print(json.dumps({"(part of the imports) unmarshalling their bytecode again, best of 3": best,
+                  "pyc_bytes": sum(map(len, codes)),"import stubcache": t1 - t0, "import the drop-ins (stubcache.compat)": t2 - t1,
                   "key (spec, fingerprint memo, hash)": t3 - t2,
                   "checks (lookup: manifest, trust, inputs, pin, checksum, hit event)": t4 - t3,
                   "dlopen + mapped-file identity": t5 - t4, "modules": mods}))
@@ -102,6 +112,7 @@ def run(ctx: Ctx) -> dict:
     imports: dict[str, list[float]] = {"dropin": [], "load": []}
     pieces: dict[str, list[float]] = {}
     modules: list[str] = []
+    pyc_bytes = 0
     for i in range(reps + 1):
         t = child(TORCH_LOAD, [src, STUB_NAME, tdir], hit_env)
         d = child(DROPIN, [src, STUB_NAME, sdir], hit_env)
@@ -116,6 +127,7 @@ def run(ctx: Ctx) -> dict:
         imports["dropin"].append(d["import"])
         imports["load"].append(ld["import"])
         modules = b.pop("modules")
+        pyc_bytes = b.pop("pyc_bytes")
         for k, v in b.items():
             pieces.setdefault(k, []).append(v)
 
@@ -174,7 +186,8 @@ def run(ctx: Ctx) -> dict:
         f"Children: {inst.note}; each imported torch and torch.utils.cpp_extension before its clock started.",
         "Warm children ran interleaved (torch, drop-in, torch, load, breakdown) with STUBCACHE_REQUIRE_HIT=1; "
         f"{reps} rounds after one warm-up round.",
-        "Modules a first hit imports (breakdown child): " + ", ".join(modules) + f" ({len(modules)}).",
+        "Modules a first hit imports (breakdown child): " + ", ".join(modules) +
+        f" ({len(modules)}, {pyc_bytes / 1024:.0f} KiB of bytecode).",
         "The bare compiler is spawned from the benchmark process (no torch loaded): the floor a build can reach.",
     ]
     return {"id": 11, "title": "Engine start, warm and cold (torch imported first)", "rows": rows,
