@@ -37,6 +37,7 @@ class Ctx:
         self.verbose = verbose
         self._n = 0
         self._wheel = None
+        self._engine = None
         self.work.mkdir(parents=True, exist_ok=True)
         self.cxx = CxxWrapper(self.work / "cxx")
         self.source_file = self.work / "arena_stub.cpp"
@@ -62,6 +63,17 @@ class Ctx:
             self._wheel = wheel_env(self.work / "wheel-install")
             self.log(self._wheel.note)
         return self._wheel
+
+    def installed_engine(self):
+        """An engine's environment: the checkout's wheel in a scratch venv that also sees this
+        Python's site-packages (torch), made once per run (``_wheel.py``, ``torch=True``)."""
+        if self._engine is None:
+            from _wheel import wheel_env
+
+            self.log("building this checkout's wheel into a scratch venv with torch")
+            self._engine = wheel_env(self.work / "wheel-engine", torch=True)
+            self.log(self._engine.note)
+        return self._engine
 
     def log(self, msg: str) -> None:
         if self.verbose:
@@ -190,9 +202,14 @@ def row(case: str, approach: str, samples: Iterable[float], unit: str = "s", **e
             "extra": extra}
 
 
-def target(name: str, measured: str, goal: str, met: bool | None, note: str = "") -> dict:
-    """A target from the issue: ``met`` is True/False, or None when not measured in this run."""
-    return {"target": name, "measured": measured, "goal": goal, "met": met, "note": note}
+def target(name: str, measured: str, goal: str, met: bool | None, note: str = "", headline: str | None = None) -> dict:
+    """A target from the issue: ``met`` is True/False, or None when not measured in this run.
+    ``headline`` ("1a", "2", ...) puts it in the table that opens docs/performance.md, in that
+    order (see ``run.py --doc``)."""
+    t = {"target": name, "measured": measured, "goal": goal, "met": met, "note": note}
+    if headline:
+        t["headline"] = headline
+    return t
 
 
 def find(rows: list[dict], case: str | None = None, approach: str | None = None) -> dict | None:

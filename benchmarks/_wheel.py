@@ -55,9 +55,12 @@ def _version(pkg: str) -> str | None:
         return None
 
 
-def make_wheel_env(work: Path, tree: Path = REPO) -> WheelEnv:
+def make_wheel_env(work: Path, tree: Path = REPO, torch: bool = False) -> WheelEnv:
     """Build the wheel of ``tree`` (default: this checkout) and install it into ``work/venv``
-    (see the module docstring)."""
+    (see the module docstring). ``torch=True`` makes an engine's environment instead: the venv
+    sees this Python's site-packages (torch, ninja, filelock, ...), and the wheel, installed in
+    the venv's own site-packages, comes first on ``sys.path`` (an editable install's finder, if
+    any, is consulted only after the path)."""
     src = work / "src"
     src.mkdir(parents=True)
     # A copy of what the wheel is built from, so building leaves no build/ or egg-info in the tree.
@@ -73,31 +76,35 @@ def make_wheel_env(work: Path, tree: Path = REPO) -> WheelEnv:
     if len(wheels) != 1:
         raise RuntimeError(f"expected one stubcache wheel in {dist}, found {wheels}")
     venv = work / "venv"
-    _run([PY, "-m", "venv", "--without-pip", str(venv)])  # no system site-packages: no editable finder
+    _run([PY, "-m", "venv", "--without-pip", *(["--system-site-packages"] if torch else []), str(venv)])
     vpy = str(venv / "bin" / "python")
     # pip --python installs into the venv without putting pip there; installing compiles bytecode.
     _run([PY, "-m", "pip", "--python", vpy, "install", "-q", "--no-deps", "--no-index", wheels[0]])
     deps = []
-    for dep in HIT_DEPS:
+    for dep in () if torch else HIT_DEPS:
         ver = _version(dep)
         _run([PY, "-m", "pip", "--python", vpy, "install", "-q", "--no-deps", f"{dep}=={ver}" if ver else dep])
         deps.append(f"{dep} {ver or ''}".strip())
     # The children must import the wheel, never the checkout or the editable install.
     probe = subprocess.run([vpy, "-c", "import stubcache, sys; print(stubcache.__file__); "
-                            "print(any('__editable__' in p for p in sys.path) or 'torch' in sys.modules)"],
+                            "print((not TORCH and any('__editable__' in p for p in sys.path)) or 'torch' in sys.modules)"
+                            .replace("TORCH", str(torch))],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env({}),
                            cwd=str(venv))
     where = probe.stdout.split()
     if probe.returncode != 0 or not where or not where[0].startswith(str(venv)) or where[-1] != "False":
         raise RuntimeError(f"the venv does not import the wheel: {probe.stdout.strip()[-400:]}")
+    if torch:
+        return WheelEnv(vpy, True, f"wheel {Path(wheels[0]).name} (pip wheel --no-deps --no-build-isolation) in a "
+                                   f"venv with this Python's site-packages (torch {_version('torch')})", str(venv))
     return WheelEnv(vpy, True, f"wheel {Path(wheels[0]).name} (pip wheel --no-deps --no-build-isolation) in a "
                                f"venv without system site-packages, plus {', '.join(deps)}; no torch", str(venv))
 
 
-def wheel_env(work: Path) -> WheelEnv:
+def wheel_env(work: Path, torch: bool = False) -> WheelEnv:
     """A :class:`WheelEnv`, or the fallback with the reason in ``note``."""
     try:
-        return make_wheel_env(work)
+        return make_wheel_env(work, torch=torch)
     except Exception as exc:  # noqa: BLE001 - any failure means: fall back, and say why
         return WheelEnv(PY, False, f"FALLBACK: could not make a wheel venv ({exc}); these children ran "
                                    "this Python with the checkout on PYTHONPATH (editable set-up: the "

@@ -107,10 +107,10 @@ def run(ctx: Ctx) -> dict:
         target(f"herd of {top}: exactly 1 compile", f"{compiles} compiles per repetition", "1",
                all(c == 1 for c in compiles) and big["extra"]["errors"] == 0,
                "" if top == 16 else f"--quick runs N ≤ {top}; the target is stated for 16"),
-        target(f"herd of {top}: all loaded within 1.5× one cold build",
-               f"{r:.2f}× ({fmt_time(big['median'])} vs {fmt_time(one['median'])} for a herd of 1)", "≤ 1.5×",
-               r is not None and r <= 1.5,
-               "" if top == 16 else f"--quick runs N ≤ {top}; the target is stated for 16"),
+        target(f"herd of {top} engine starts cold on one key: all loaded within 1.3× one cold build",
+               f"{r:.2f}× ({fmt_time(big['median'])} vs {fmt_time(one['median'])} for a herd of 1)", "≤ 1.3×",
+               r is not None and r <= 1.3,
+               "" if top == 16 else f"--quick runs N ≤ {top}; the target is stated for 16", headline="3"),
     ]
     priv = get(f"N={top}", "private")
     shared = get(f"N={top}", "shared")

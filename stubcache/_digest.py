@@ -12,14 +12,20 @@ from __future__ import annotations
 
 import sys
 
-try:
-    from _sha256 import sha256 as _small  # CPython ≤ 3.11
-except ImportError:
+def _builtin_sha256():
+    """CPython's built-in SHA-256 constructor, imported on the first small hash of a process
+    without hashlib (a torch process never needs it)."""
     try:
-        from _sha2 import sha256 as _small  # CPython ≥ 3.12
+        from _sha256 import sha256  # CPython ≤ 3.11
     except ImportError:
-        from hashlib import sha256 as _small
+        try:
+            from _sha2 import sha256  # CPython ≥ 3.12
+        except ImportError:
+            from hashlib import sha256
+    return sha256
 
+
+_small = None
 LARGE = 1 << 20  # bytes: from here on, OpenSSL's speed outweighs its import
 _small_bytes = 0  # hashed by the built-in so far in this process
 
@@ -30,7 +36,7 @@ def sha256(data: bytes = b"", *, large: bool = False):
     imports it), for a large input, or once the built-in has hashed :data:`LARGE` bytes in this
     process (a loop making new specs: from then on the import has paid for itself); else the
     built-in one."""
-    global _small_bytes
+    global _small_bytes, _small
     _small_bytes += len(data)
     if large or _small_bytes >= LARGE or "hashlib" in sys.modules:
         # The import statement, not sys.modules: while another thread is still importing
@@ -38,4 +44,6 @@ def sha256(data: bytes = b"", *, large: bool = False):
         import hashlib
 
         return hashlib.sha256(data)
+    if _small is None:
+        _small = _builtin_sha256()
     return _small(data)

@@ -6,7 +6,7 @@ import os
 import sys
 from _thread import allocate_lock  # threading.Lock without importing threading (hit path)
 
-from . import _log, progress
+from ._lazy import lazy_module
 from .cache import Entry, StubCache
 from .fingerprint import _env_snapshot
 from .patch import mark
@@ -16,6 +16,9 @@ from .store import default_root  # all three loaded with .cache: a function-leve
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
 if TYPE_CHECKING:
     from typing import Any, Sequence
+
+_log = lazy_module("stubcache._log")  # notices only: not imported on a hit
+progress = lazy_module("stubcache.progress")  # verbose builds only: not imported on a quiet hit
 
 _caches: dict[str, StubCache] = {}
 _modules: dict[tuple, Any] = {}
@@ -233,10 +236,30 @@ def load_inline(
 _imported: dict[str, str] = {}  # Python module name -> key of the library imported under it
 
 
+class _Quiet:
+    """The scope of a quiet call in a process that never asked for verbose output (so no
+    thread's flag is set): nothing to set or restore, and no need to import progress."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_QUIET = _Quiet()
+
+
+def _verbose_scope(verbose: bool) -> Any:
+    if verbose or "stubcache.progress" in sys.modules:
+        return progress.verbose_scope(verbose)
+    return _QUIET
+
+
 def _get_and_import(spec: StubSpec, verbose: bool, name: Any = None, call: Any = None,
                     build_directory: Any = None) -> tuple[Entry, Any]:
     cache = default_cache()
-    with progress.verbose_scope(verbose):
+    with _verbose_scope(verbose):
         entry = cache.get_or_build(spec)
         while spec.is_python_module and isinstance(name, str):
             with _lock:

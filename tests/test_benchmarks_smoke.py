@@ -73,3 +73,39 @@ def test_wheel_env_runs_the_checkout_as_installed_without_torch(tmp_path):
         assert proc.returncode == 0, proc.stderr
         value, where, torch_loaded = proc.stdout.split()
         assert value == "7" and where.startswith(str(tmp_path / "w" / "venv")) and torch_loaded == "False"
+
+
+def test_performance_doc_opens_with_the_generated_table():
+    """docs/performance.md's opening table is what ``run.py --doc`` rendered from the record
+    beside it (docs/performance-targets.json), not typed by hand."""
+    import json
+
+    text = bench_run.DOC.read_text()
+    block = bench_run.doc_block(text)
+    assert block is not None, "docs/performance.md lost its generated block"
+    assert text.index(bench_run.BEGIN) < text.index("## How to run")  # the doc opens with it
+    rows = json.loads(bench_run.DOC_TARGETS.read_text())
+    assert block == bench_run.render_headline(rows)
+    assert [t["headline"] for t in rows] == sorted(t["headline"] for t in rows)
+
+
+def _results(commit: str, sid: int, targets: list) -> dict:
+    return {"command": "python benchmarks/run.py --doc", "scenarios": [{"id": sid, "targets": targets}],
+            "machine": {"date": "d", "git_commit": commit, "nproc": "2", "loadavg_start": (1.0, 2.0, 3.0)}}
+
+
+def test_headline_table_from_runs(tmp_path):
+    doc, record = tmp_path / "performance.md", tmp_path / "targets.json"
+    doc.write_text(f"# P\n\n{bench_run.BEGIN}\nold\n{bench_run.END}\n\n## How to run\n")
+    bench_run.write_doc(_results("abc1234", 11, [_common.target("b", "2×", "≥ 5×", False, headline="1b"),
+                                                 _common.target("a", "6×", "≥ 5×", True, headline="1a"),
+                                                 _common.target("not headline", "1", "1", True)]), doc, record)
+    bench_run.write_doc(_results("def5678", 4, [_common.target("herd", "1.2×", "≤ 1.3×", True, headline="3")]),
+                        doc, record)
+    bench_run.write_doc(_results("0a0a0a0", 11, [_common.target("b", "5.5×", "≥ 5×", True, headline="1b")]),
+                        doc, record)  # replaces every row of scenario 11
+    block = bench_run.doc_block(doc.read_text())
+    assert "old" not in block and "abc1234" not in block
+    assert block.splitlines()[2:4] == ["| 1b | b | **met** | 5.5× | 11, run 1 |", "| 3 | herd | **met** | 1.2× | 4, run 2 |"]
+    assert "Run 1: `python benchmarks/run.py --doc` at git 0a0a0a0" in block and "git def5678" in block
+    assert doc.read_text().endswith("## How to run\n")

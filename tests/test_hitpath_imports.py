@@ -113,3 +113,29 @@ def test_a_hit_imports_only_what_it_needs(cache_root):
              "operator", "stubcache.compat", "stubcache.patch", "stubcache.toolchain", "stubcache.builder",
              "stubcache.progress", "stubcache._faults", "stubcache.tracking", "stubcache._log"}
     assert not loaded & heavy, loaded & heavy
+
+
+def test_a_quiet_dropin_hit_imports_no_status_line_nor_logger(cache_root):
+    """The drop-in's hit (is_python_module=False, a header-free stub, verbose off) loads the
+    drop-in's own modules and the hit path, not the status line, the logger or the probes."""
+    src = 'extern "C" int g(void) { return 7; }'
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(REPO)!r})
+        before = set(sys.modules)
+        import stubcache
+        path = stubcache.load_inline('lean_dropin', {src!r}, is_python_module=False, no_implicit_headers=True)
+        import ctypes
+        assert ctypes.CDLL(path).g() == 7
+        print(" ".join(sorted(set(sys.modules) - before)))
+    """)
+    for require_hit in ("", "1"):  # the first run builds it
+        proc = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=120,
+                              env=dict(os.environ, STUBCACHE_REQUIRE_HIT=require_hit))
+        assert proc.returncode == 0, proc.stderr
+    loaded = set(proc.stdout.split())
+    assert {"stubcache.compat", "stubcache.cache"} <= loaded
+    heavy = {"json", "hashlib", "threading", "typing", "re", "logging", "subprocess", "torch", "filelock",
+             "stubcache.progress", "stubcache._log", "stubcache.toolchain", "stubcache.builder",
+             "stubcache.tracking", "stubcache._faults"}
+    assert not loaded & heavy, loaded & heavy

@@ -1,0 +1,194 @@
+"""Scenario 11: an engine's start, warm and cold, measured where engines run it.
+
+Every child is an engine process: it imports ``torch`` and ``torch.utils.cpp_extension`` first
+(untimed), then times only what comes after, in-process, with ``perf_counter``. stubcache runs as
+users install it: this checkout's wheel in a venv that also sees this Python's site-packages
+(``_wheel.py``, ``torch=True``). torch's own loader runs in the same venv, interleaved with the
+stubcache children (A B A B), so both see the same machine.
+
+Warm: torch's ``load_inline(no_implicit_headers=True, build_directory=D)`` on a built ``D``
+against ``import stubcache`` + the first hit, for the drop-in (``stubcache.load_inline`` with
+``is_python_module=False`` and a ``build_directory``) and for ``StubCache().load(spec)``. A
+breakdown child times the pieces of a first hit: the imports, the key (spec, fingerprint memo,
+hash), the checks (lookup: manifest, trust, tracked inputs, pin, checksum, hit event) and the
+dlopen (with the mapped-file identity check).
+
+Cold: the first stub in a fresh root (the toolchain probe included) against torch's cold
+``load_inline(no_implicit_headers=True)`` into a fresh build directory, and a new stub in an
+existing root against the bare compiler (``c++ -shared -fPIC``, spawned from this benchmark).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+from _common import STUB_NAME, Ctx, fmt_time, ratio, row, run_json, target, variant_source
+from _wheel import child_env_for
+from s1_cold_build import bare_compile
+
+ENGINE = "import torch, torch.utils.cpp_extension\nimport json, sys, time\npc = time.perf_counter\n"
+
+TORCH_LOAD = ENGINE + r"""
+src = open(sys.argv[1]).read()
+t0 = pc()
+torch.utils.cpp_extension.load_inline(sys.argv[2], src, build_directory=sys.argv[3], is_python_module=False,
+                                      no_implicit_headers=True)
+print(json.dumps({"total": pc() - t0}))
+"""
+
+DROPIN = ENGINE + r"""
+src = open(sys.argv[1]).read()
+t0 = pc()
+import stubcache
+t1 = pc()
+stubcache.load_inline(sys.argv[2], src, build_directory=sys.argv[3], is_python_module=False, no_implicit_headers=True)
+t2 = pc()
+print(json.dumps({"total": t2 - t0, "import": t1 - t0}))
+"""
+
+SC_LOAD = ENGINE + r"""
+src = open(sys.argv[1]).read()
+t0 = pc()
+import stubcache
+t1 = pc()
+stubcache.StubCache().load(stubcache.StubSpec(sys.argv[2], src, is_python_module=False, no_implicit_headers=True))
+t2 = pc()
+print(json.dumps({"total": t2 - t0, "import": t1 - t0}))
+"""
+
+# The pieces of a first hit, through public calls: key() computes what get_or_build computes
+# first (get_or_build hashes the pre-image once more: ~20 µs of the "checks" here).
+BREAKDOWN = ENGINE + r"""
+before = set(sys.modules)
+src = open(sys.argv[1]).read()
+t0 = pc()
+import stubcache
+t1 = pc()
+from stubcache import compat  # what the drop-in's first call imports
+t2 = pc()
+spec = stubcache.StubSpec(sys.argv[2], src, is_python_module=False, no_implicit_headers=True)
+cache = stubcache.StubCache()
+key = cache.key(spec)
+t3 = pc()
+entry = cache.get_or_build(spec)
+t4 = pc()
+cache.load_entry(entry)
+t5 = pc()
+mods = sorted(m for m in set(sys.modules) - before if m.startswith("stubcache"))
+# What unmarshalling those modules' bytecode alone costs (a part of "import"), timed again here.
+import marshal
+codes = [open(sys.modules[m].__cached__, "rb").read()[16:] for m in mods if getattr(sys.modules[m], "__cached__", None)]
+best = None
+for _ in range(3):
+    t = pc()
+    for c in codes:
+        marshal.loads(c)
+    best = min(best or 1e9, pc() - t)
+print(json.dumps({"(part of the imports) unmarshalling their bytecode again, best of 3": best,
+                  "pyc_bytes": sum(map(len, codes)),"import stubcache": t1 - t0, "import the drop-ins (stubcache.compat)": t2 - t1,
+                  "key (spec, fingerprint memo, hash)": t3 - t2,
+                  "checks (lookup: manifest, trust, inputs, pin, checksum, hit event)": t4 - t3,
+                  "dlopen + mapped-file identity": t5 - t4, "modules": mods}))
+"""
+
+
+def run(ctx: Ctx) -> dict:
+    reps = ctx.reps(5, 15)
+    cold_reps = ctx.reps(2, 5)
+    inst = ctx.installed_engine()
+    root = ctx.fresh_dir("s11-root")
+    env = child_env_for(inst, STUBCACHE_DIR=str(root))
+    hit_env = child_env_for(inst, STUBCACHE_DIR=str(root), STUBCACHE_REQUIRE_HIT="1")
+    src = str(ctx.source_file)
+    tdir, sdir = ctx.fresh_dir("s11-torch"), ctx.fresh_dir("s11-dropin")
+
+    def child(code: str, args: list, e: dict) -> dict:
+        return run_json(code, [str(a) for a in args], env=e, python=inst.python, cwd=inst.cwd)
+
+    child(TORCH_LOAD, [src, STUB_NAME, tdir], env)  # builds torch's directory
+    child(DROPIN, [src, STUB_NAME, sdir], env)  # builds the entry (the drop-in's and load()'s key are one)
+    warm: dict[str, list[float]] = {"torch": [], "dropin": [], "load": []}
+    imports: dict[str, list[float]] = {"dropin": [], "load": []}
+    pieces: dict[str, list[float]] = {}
+    modules: list[str] = []
+    pyc_bytes = 0
+    for i in range(reps + 1):
+        t = child(TORCH_LOAD, [src, STUB_NAME, tdir], hit_env)
+        d = child(DROPIN, [src, STUB_NAME, sdir], hit_env)
+        t2 = child(TORCH_LOAD, [src, STUB_NAME, tdir], hit_env)
+        ld = child(SC_LOAD, [src, STUB_NAME], hit_env)
+        b = child(BREAKDOWN, [src, STUB_NAME], hit_env)
+        if not i:  # the first round warms the page cache
+            continue
+        warm["torch"] += [t["total"], t2["total"]]
+        warm["dropin"].append(d["total"])
+        warm["load"].append(ld["total"])
+        imports["dropin"].append(d["import"])
+        imports["load"].append(ld["import"])
+        modules = b.pop("modules")
+        pyc_bytes = b.pop("pyc_bytes")
+        for k, v in b.items():
+            pieces.setdefault(k, []).append(v)
+
+    # Cold: a fresh root per repetition (the toolchain probed), torch into a fresh directory, a
+    # new stub in an existing root, the bare compiler; interleaved.
+    cold: dict[str, list[float]] = {"fresh": [], "torch": [], "existing": [], "bare": []}
+    used_root = ctx.fresh_dir("s11-used-root")
+    used_env = child_env_for(inst, STUBCACHE_DIR=str(used_root))
+    child(DROPIN, [src, "bench_other_stub", ctx.fresh_dir("s11-x")], used_env)
+    for i in range(cold_reps):
+        fresh_env = child_env_for(inst, STUBCACHE_DIR=str(ctx.fresh_dir("s11-fresh-root")))
+        cold["fresh"].append(child(DROPIN, [src, STUB_NAME, ctx.fresh_dir("s11-bd")], fresh_env)["total"])
+        cold["torch"].append(child(TORCH_LOAD, [src, STUB_NAME, ctx.fresh_dir("s11-tc")], env)["total"])
+        vsrc = ctx.work / f"s11-variant-{i}.cpp"
+        vsrc.write_text(variant_source(1000 + i))  # a new key in the existing root
+        cold["existing"].append(child(DROPIN, [vsrc, STUB_NAME, ctx.fresh_dir("s11-bd")], used_env)["total"])
+        cold["bare"].append(bare_compile(ctx)[0])
+
+    med = {k: statistics.median(v) for k, v in warm.items()}
+    cmed = {k: statistics.median(v) for k, v in cold.items()}
+    rows = [
+        row("warm, engine process", "torch load_inline(no_implicit_headers, build_directory) on a built dir",
+            warm["torch"]),
+        row("warm, engine process", "stubcache.load_inline drop-in (import + first hit)", warm["dropin"]),
+        row("warm, engine process", "StubCache().load(spec) (import + first hit)", warm["load"]),
+        row("warm, engine process (part)", "import stubcache (drop-in child)", imports["dropin"]),
+        row("warm, engine process (part)", "import stubcache (load child)", imports["load"]),
+    ]
+    rows += [row("warm first hit, where the time goes", k, v) for k, v in pieces.items()]
+    rows += [
+        row("cold, engine process", "stubcache drop-in, fresh root (toolchain probe included)", cold["fresh"]),
+        row("cold, engine process", "torch load_inline(no_implicit_headers), fresh build dir", cold["torch"]),
+        row("cold, engine process", "stubcache drop-in, new stub in an existing root", cold["existing"]),
+        row("cold", "bare c++ -shared -fPIC (spawned from the benchmark)", cold["bare"]),
+    ]
+    r_drop = ratio(med["torch"], med["dropin"])
+    r_load = ratio(med["torch"], med["load"])
+    r_fresh = ratio(cmed["fresh"], cmed["torch"])
+    r_exist = ratio(cmed["existing"], cmed["bare"])
+    r_fresh_bare = ratio(cmed["fresh"], cmed["bare"])
+    targets = [
+        target("warm engine start, drop-in: ≥ 5× faster than torch's warm load_inline",
+               f"{r_drop:.2f}× ({fmt_time(med['dropin'])} vs {fmt_time(med['torch'])})", "≥ 5× (aim 10×)",
+               r_drop >= 5, headline="1a"),
+        target("warm engine start, StubCache.load: ≥ 5× faster than torch's warm load_inline",
+               f"{r_load:.2f}× ({fmt_time(med['load'])} vs {fmt_time(med['torch'])})", "≥ 5× (aim 10×)",
+               r_load >= 5, headline="1b"),
+        target("cold engine start, fresh root: faster than torch's cold load_inline(no_implicit_headers)",
+               f"{r_fresh:.2f}× of torch ({fmt_time(cmed['fresh'])} vs {fmt_time(cmed['torch'])}); "
+               f"{r_fresh_bare:.2f}× the bare compiler", "< 1×", r_fresh < 1, headline="2a"),
+        target("cold engine start, existing root: ≤ 1.15× the bare compiler",
+               f"{r_exist:.2f}× ({fmt_time(cmed['existing'])} vs {fmt_time(cmed['bare'])})", "≤ 1.15×",
+               r_exist <= 1.15, headline="2b"),
+    ]
+    notes = [
+        f"Children: {inst.note}; each imported torch and torch.utils.cpp_extension before its clock started.",
+        "Warm children ran interleaved (torch, drop-in, torch, load, breakdown) with STUBCACHE_REQUIRE_HIT=1; "
+        f"{reps} rounds after one warm-up round.",
+        "Modules a first hit imports (breakdown child): " + ", ".join(modules) +
+        f" ({len(modules)}, {pyc_bytes / 1024:.0f} KiB of bytecode).",
+        "The bare compiler is spawned from the benchmark process (no torch loaded): the floor a build can reach.",
+    ]
+    return {"id": 11, "title": "Engine start, warm and cold (torch imported first)", "rows": rows,
+            "targets": targets, "notes": notes}
