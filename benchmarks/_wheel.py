@@ -79,7 +79,9 @@ def make_wheel_env(work: Path, tree: Path = REPO, torch: bool = False) -> WheelE
     _run([PY, "-m", "venv", "--without-pip", *(["--system-site-packages"] if torch else []), str(venv)])
     vpy = str(venv / "bin" / "python")
     # pip --python installs into the venv without putting pip there; installing compiles bytecode.
-    _run([PY, "-m", "pip", "--python", vpy, "install", "-q", "--no-deps", "--no-index", wheels[0]])
+    # Without PYTHONPATH: pip would count a checkout on it as "already installed" and skip the wheel.
+    _run([PY, "-m", "pip", "--python", vpy, "install", "-q", "--no-deps", "--no-index", wheels[0]],
+         env=clean_env({}))
     deps = []
     for dep in () if torch else HIT_DEPS:
         ver = _version(dep)
