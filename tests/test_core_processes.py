@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -157,7 +158,7 @@ def test_irrelevant_load_inline_arguments_share_one_build(cache_root, cxx, tmp_p
 def test_sigkill_mid_compile_does_not_block_the_next_process(cache_root, cxx, tmp_path):
     mark = tmp_path / "compiling"
     victim = subprocess.Popen(
-        ["python", "-c", "import os, stubcache; stubcache.StubCache().load(stubcache.StubSpec('kill', os.environ['SRC']))"],
+        [sys.executable, "-c", "import os, stubcache; stubcache.StubCache().load(stubcache.StubSpec('kill', os.environ['SRC']))"],
         env=dict(os.environ, SRC=value_src(9), STUBCACHE_TEST_CXX_SLEEP="60", STUBCACHE_TEST_CXX_MARK=str(mark)),
         start_new_session=True)
     try:
