@@ -20,7 +20,6 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from dataclasses import dataclass
 
 O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 O_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -221,16 +220,23 @@ MAX_DEPTH = 128
 MAX_ENTRIES = 1_000_000
 
 
-@dataclass
 class TreeRemoval:
-    """What :func:`remove_tree_at` did: ``gone`` if nothing is left; otherwise ``refused`` says why."""
+    """What :func:`remove_tree_at` did: ``gone`` if nothing is left; otherwise ``refused`` says why.
+    (A plain class, not a dataclass: this module is on the hit path, which does not import
+    ``dataclasses``.)"""
 
-    gone: bool
-    removed: int = 0                  # names removed (files, links, directories)
-    refused: str = ""                 # "" or what was left and why, for a message
+    __slots__ = ("gone", "removed", "refused")
+
+    def __init__(self, gone: bool, removed: int = 0, refused: str = "") -> None:
+        self.gone = gone
+        self.removed = removed    # names removed (files, links, directories)
+        self.refused = refused    # "" or what was left and why, for a message
 
     def __bool__(self) -> bool:
         return self.gone
+
+    def __repr__(self) -> str:
+        return f"TreeRemoval(gone={self.gone}, removed={self.removed}, refused={self.refused!r})"
 
 
 def _open_child_dir(parent_fd: int, name: str) -> int:

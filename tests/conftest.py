@@ -66,7 +66,8 @@ class CxxWrapper:
     def __init__(self, directory: Path) -> None:
         self.path = directory / "cxx-wrapper.sh"
         self.log = directory / "cxx.log"
-        real = shutil.which("c++") or "c++"
+        # The compiler CXX names when the run sets one (the clang combination: CXX=clang++), else c++.
+        real = shutil.which(os.environ.get("CXX") or "c++") or shutil.which("c++") or "c++"
         self.path.write_text(textwrap.dedent(f"""\
             #!/bin/sh
             case " $* " in
@@ -111,12 +112,33 @@ def run_py(code: str, *, env: dict | None = None, timeout: float = 300, check: b
     return proc
 
 
+_spawned: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _reap_spawned():
+    """After each test, the processes it started with :func:`spawn_py` are killed if still running,
+    reaped, and their pipes closed: the suite runs with ResourceWarning as an error, and a test that
+    ends with ``kill(); wait()`` (or fails half-way) must not leak them."""
+    yield
+    while _spawned:
+        p = _spawned.pop()
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        for f in (p.stdin, p.stdout, p.stderr):
+            if f is not None and not f.closed:
+                f.close()
+
+
 def spawn_py(code: str, *, env: dict | None = None) -> subprocess.Popen:
-    """Start ``code`` in a fresh Python process without waiting."""
+    """Start ``code`` in a fresh Python process without waiting (reaped after the test)."""
     full_env = dict(os.environ)
     full_env.update(env or {})
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=full_env,
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=full_env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _spawned.append(proc)
+    return proc
 
 
 def wait_until(ready: Callable[[], object], what: str, *, timeout: float = 60,
