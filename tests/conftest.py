@@ -113,13 +113,24 @@ def run_py(code: str, *, env: dict | None = None, timeout: float = 300, check: b
 
 
 _spawned: list[subprocess.Popen] = []
+_TESTS_DIR = str(Path(__file__).resolve().parent) + os.sep
+_popen_init = subprocess.Popen.__init__
+
+
+def _tracked_popen_init(self, *args, **kwargs):
+    _popen_init(self, *args, **kwargs)
+    if sys._getframe(1).f_code.co_filename.startswith(_TESTS_DIR):
+        _spawned.append(self)
 
 
 @pytest.fixture(autouse=True)
-def _reap_spawned():
-    """After each test, the processes it started with :func:`spawn_py` are killed if still running,
-    reaped, and their pipes closed: the suite runs with ResourceWarning as an error, and a test that
-    ends with ``kill(); wait()`` (or fails half-way) must not leak them."""
+def _reap_spawned(monkeypatch):
+    """The processes a test starts itself (``subprocess.Popen`` called from a file under tests/,
+    :func:`spawn_py` included) are killed if still running, reaped and their pipes closed after
+    the test: the suite runs with ResourceWarning as an error, and a test that ends with
+    ``kill(); wait()``, or fails half-way, must not leak them. Processes the library starts are not
+    tracked, so a pipe stubcache leaks still fails the test that leaked it."""
+    monkeypatch.setattr(subprocess.Popen, "__init__", _tracked_popen_init)
     yield
     while _spawned:
         p = _spawned.pop()
@@ -135,10 +146,8 @@ def spawn_py(code: str, *, env: dict | None = None) -> subprocess.Popen:
     """Start ``code`` in a fresh Python process without waiting (reaped after the test)."""
     full_env = dict(os.environ)
     full_env.update(env or {})
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=full_env,
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=full_env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _spawned.append(proc)
-    return proc
 
 
 def wait_until(ready: Callable[[], object], what: str, *, timeout: float = 60,

@@ -133,7 +133,7 @@ PRELUDE = """
 import os, pwd, grp, sys, pkgutil, importlib
 import stubcache, platformdirs, ctypes, fcntl, json, hashlib, subprocess, tempfile, shutil, logging
 import sysconfig, glob, shlex, inspect, atexit, errno, signal, traceback, argparse, csv, io, fnmatch
-import hmac, secrets, socket, base64, struct, zlib
+import hmac, secrets, socket, base64, struct, zlib, locale, gettext  # under /root (pyenv), unreadable once dropped
 for m in pkgutil.walk_packages(stubcache.__path__, "stubcache."):
     if not m.name.endswith("__main__"):
         importlib.import_module(m.name)
@@ -676,7 +676,7 @@ def test_a_huge_sparse_library_is_refused_before_it_is_hashed(cache_root):
     size = fsroot.LIBRARY_CAP + (1 << 20)
     os.unlink(lib)
     subprocess.run(["truncate", "-s", str(size), lib], check=True)
-    m = json.load(open(manifest))
+    m = json.loads(Path(manifest).read_text())
     os.chmod(manifest, 0o644)
     with open(manifest, "w") as f:
         json.dump(dict(m, size=size), f)
