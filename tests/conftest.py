@@ -22,7 +22,7 @@ if str(BENCH) not in sys.path:
     sys.path.append(str(BENCH))
 
 
-# The torch-free core (``-m "not torch and not soak"``) is what runs on every supported Python;
+# The torch-free core (``-m core``, below) is what runs on every supported Python;
 # torch's wheel is there only for some. A test needs torch if it imports it, builds through
 # load_inline or checks the drop-in: those files are listed here, single tests elsewhere carry
 # ``@pytest.mark.torch``. Where torch is missing they skip with that reason (the files that import
@@ -33,12 +33,27 @@ if not HAS_TORCH:
     collect_ignore = ["test_dropin.py", "test_torch_builds.py", "test_kvarena_arena.py", "gpu"]
 
 
+# The torch-free core, ``-m core``: what .ci/run runs on every supported Python besides the full
+# suite on one. The issue-18 list: direct builds and hits in fresh processes, herds and
+# exactly-once, locking and kill -9, trust and hostile roots, prune/verify/stats/ls/doctor, seeds
+# and require-hit, the fleet tier with a real redis-server; and the version-sensitive parts (the
+# private CPython interfaces, deep trees, descriptor leaks). Tests there that need torch are not in it.
+CORE_FILES = (
+    "test_core_processes.py", "test_locking.py", "test_trust.py", "test_hostile_root.py",
+    "test_audit_trust.py", "test_prune.py", "test_stats.py", "test_cli.py", "test_remote.py",
+    "test_remote_hostile.py", "test_fsroot_trees.py", "test_private_interfaces.py",
+    "test_resource_leaks.py", "test_layering.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
     tests_dir = Path(__file__).resolve().parent
     for item in items:
         rel = Path(str(item.path)).resolve().relative_to(tests_dir).parts
         if rel and rel[0] in TORCH_FILES:
             item.add_marker(pytest.mark.torch)
+        if rel and rel[0] in CORE_FILES and item.get_closest_marker("torch") is None:
+            item.add_marker(pytest.mark.core)
         if not HAS_TORCH and item.get_closest_marker("torch") is not None:
             item.add_marker(pytest.mark.skip(reason="needs torch, which is not installed here"))
 
