@@ -83,6 +83,7 @@ class CxxWrapper:
         self.log = directory / "cxx.log"
         # The compiler CXX names when the run sets one (the clang combination: CXX=clang++), else c++.
         real = shutil.which(os.environ.get("CXX") or "c++") or shutil.which("c++") or "c++"
+        self.real = real
         self.path.write_text(textwrap.dedent(f"""\
             #!/bin/sh
             case " $* " in
@@ -95,6 +96,13 @@ class CxxWrapper:
             exec "{real}" "$@"
             """))
         self.path.chmod(0o755)
+
+    @property
+    def is_gcc(self) -> bool:
+        """True if the compiler behind the wrapper is gcc (specs files, ``-B`` for cc1plus and
+        GNU as are gcc's; clang takes the flags and ignores or handles them differently)."""
+        out = subprocess.run([self.real, "--version"], capture_output=True, text=True).stdout
+        return "clang" not in out.lower()
 
     def compiles(self) -> int:
         if not self.log.exists():
@@ -134,27 +142,38 @@ _popen_init = subprocess.Popen.__init__
 
 def _tracked_popen_init(self, *args, **kwargs):
     _popen_init(self, *args, **kwargs)
-    if sys._getframe(1).f_code.co_filename.startswith(_TESTS_DIR):
+    pipes = (self.stdin, self.stdout, self.stderr) != (None, None, None)
+    if pipes and sys._getframe(1).f_code.co_filename.startswith(_TESTS_DIR):
         _spawned.append(self)
 
 
 @pytest.fixture(autouse=True)
 def _reap_spawned(monkeypatch):
-    """The processes a test starts itself (``subprocess.Popen`` called from a file under tests/,
-    :func:`spawn_py` included) are killed if still running, reaped and their pipes closed after
-    the test: the suite runs with ResourceWarning as an error, and a test that ends with
-    ``kill(); wait()``, or fails half-way, must not leak them. Processes the library starts are not
-    tracked, so a pipe stubcache leaks still fails the test that leaked it."""
+    """The processes with pipes that a test starts itself (``subprocess.Popen`` called from a file
+    under tests/, :func:`spawn_py` included) have their pipes closed once they have exited: after
+    the test if it reaped them (``kill(); wait()``), else after a later test or at the end of the
+    session, when any still running are killed. The suite runs with ResourceWarning as an error;
+    processes the library starts are not tracked, so a pipe stubcache leaks still fails."""
     monkeypatch.setattr(subprocess.Popen, "__init__", _tracked_popen_init)
     yield
-    while _spawned:
-        p = _spawned.pop()
+    _close_exited(kill=False)
+
+
+def _close_exited(kill: bool) -> None:
+    for p in list(_spawned):
         if p.poll() is None:
+            if not kill:
+                continue
             p.kill()
             p.wait()
+        _spawned.remove(p)
         for f in (p.stdin, p.stdout, p.stderr):
             if f is not None and not f.closed:
                 f.close()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _close_exited(kill=True)
 
 
 def spawn_py(code: str, *, env: dict | None = None) -> subprocess.Popen:
