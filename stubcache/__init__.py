@@ -17,10 +17,11 @@ import sys as _sys
 if "-m" in _sys.orig_argv and _sys.orig_argv[_sys.orig_argv.index("-m") + 1:][:1] == ["stubcache"]:
     # `python -m stubcache` put the working directory first on sys.path; a module planted there
     # (json.py, ctypes.py, a spec module for `warm`) must not be imported by an administrator's
-    # command. Dropped before anything else is imported. PYTHONPATH entries stay.
+    # command. Dropped before anything else is imported. PYTHONPATH entries stay. (-P, which
+    # sets sys.flags.safe_path, is 3.11+.)
     import os as _os
 
-    if _sys.path and not _sys.flags.safe_path and _sys.path[0] in ("", _os.getcwd()):
+    if _sys.path and not getattr(_sys.flags, "safe_path", False) and _sys.path[0] in ("", _os.getcwd()):
         del _sys.path[0]
 
 from .cache import Entry, StubCache

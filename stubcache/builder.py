@@ -66,7 +66,7 @@ def build(spec: StubSpec, build_dir: str, compiler: dict | None = None) -> Build
     except BaseException:
         if probe is not None:
             probe.kill()
-            probe.wait()
+            probe.communicate()  # reaps it and closes its pipe (a leaked pipe per failed build)
         raise
     tracked = buildinputs.tracked_inputs(spec, build_dir, deps, started_ns, probe, compiler)
     module_name = os.path.basename(library).split(".", 1)[0]

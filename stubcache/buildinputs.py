@@ -133,7 +133,7 @@ def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: 
     if not deps and not inputs.files_named_by_flags(spec.extra_cflags + spec.extra_ldflags):
         if probe is not None:
             probe.kill()
-            probe.wait()
+            probe.communicate()  # reaps it and closes its pipe (a leaked pipe per failed build)
         return inputs.Tracked({}, {}, [])
     import sysconfig
 

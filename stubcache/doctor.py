@@ -277,7 +277,7 @@ def check_toolchain(root: str) -> list[Check]:
     version = tfacts.get("version")
     if fingerprint.torch_dir() is None or version is None:
         out.append(Check("torch", "warn", "torch not found: only direct (torch-free) stubs can be built",
-                         "pip install torch>=2.8"))
+                         "pip install torch>=2.13"))
     else:
         try:
             major, minor = (int(x) for x in str(version).split(".")[:2])
@@ -285,7 +285,10 @@ def check_toolchain(root: str) -> list[Check]:
             major, minor = (0, 0)
         if (major, minor) < (2, 8):
             out.append(Check("torch", "warn", f"torch {version}: load_inline has no no_implicit_headers, "
-                             "so header-free stubs build slowly", "upgrade to torch>=2.8"))
+                             "so header-free stubs build slowly", "upgrade to torch>=2.13"))
+        elif (major, minor) < (2, 13):
+            out.append(Check("torch", "warn", f"torch {version} is older than the oldest release tested "
+                             "(2.13; see the README's Supported table)", "upgrade to torch>=2.13"))
         else:
             cuda = tfacts.get("cuda")
             out.append(Check("torch", "ok", f"torch {version}" + (f" (CUDA {cuda})" if cuda else " (no CUDA)")))

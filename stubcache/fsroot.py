@@ -6,7 +6,8 @@ reached by a path string that the kernel resolves afresh: a directory is opened 
 by component, with ``O_NOFOLLOW|O_DIRECTORY`` (a planted symlink fails with ``ELOOP``), and every
 later step is relative to that descriptor (``dir_fd=``). Reads open with ``O_NONBLOCK|O_NOFOLLOW``,
 accept regular files only and are capped (a FIFO cannot hang a reader, a 10 GB file cannot
-exhaust memory). Tree removal is the standard library's fd-based ``shutil.rmtree``; a mode is
+exhaust memory). Walks and tree removal are this module's own, iterative and bounded in depth
+and count (the standard library's recurse, and ``shutil.rmtree(dir_fd=)`` is 3.11+); a mode is
 only ever changed through a descriptor this module opened itself, on a directory we own.
 
 Names read from a directory or a manifest are checked with :func:`check_name` before they are
@@ -212,55 +213,163 @@ def rename_at(src_fd: int, src: str, dst_fd: int, dst: str) -> None:
     os.rename(check_name(src), check_name(dst), src_dir_fd=src_fd, dst_dir_fd=dst_fd)
 
 
-def _make_own_dirs_writable(dir_fd: int, name: str, depth: int = 0) -> None:
-    """Give ``u+rwx`` to directories below (and including) ``name`` that this uid owns and that
-    lack it (a build tree with a read-only directory), each through an fd opened here without
-    following links. Directories of other owners are left alone (nothing to do there but fail)."""
-    if depth > 64:
-        return
-    try:
-        fd = os.open(check_name(name), O_DIR, dir_fd=dir_fd)
-    except OSError:
-        return
+# Walks and removals are iterative (a stack of directory descriptors, never recursion: a member
+# can plant a tree 3,000 levels deep) and bounded: deeper than MAX_DEPTH levels or past MAX_ENTRIES
+# names they stop and say what they left. A build tree is a few levels deep and a few hundred files.
+MAX_DEPTH = 128
+MAX_ENTRIES = 1_000_000
+
+
+class TreeRemoval:
+    """What :func:`remove_tree_at` did: ``gone`` if nothing is left; otherwise ``refused`` says why.
+    (A plain class, not a dataclass: this module is on the hit path, which does not import
+    ``dataclasses``.)"""
+
+    __slots__ = ("gone", "removed", "refused")
+
+    def __init__(self, gone: bool, removed: int = 0, refused: str = "") -> None:
+        self.gone = gone
+        self.removed = removed    # names removed (files, links, directories)
+        self.refused = refused    # "" or what was left and why, for a message
+
+    def __bool__(self) -> bool:
+        return self.gone
+
+    def __repr__(self) -> str:
+        return f"TreeRemoval(gone={self.gone}, removed={self.removed}, refused={self.refused!r})"
+
+
+def _open_child_dir(parent_fd: int, name: str) -> int:
+    """Open a subdirectory without following a link, and give it ``u+rwx`` if this uid owns it and
+    it lacks it (a build tree with a read-only directory); the mode changes through this fd only."""
+    fd = os.open(name, O_DIR, dir_fd=parent_fd)
     try:
         st = os.fstat(fd)
         if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o700 != 0o700:
-            try:
-                os.fchmod(fd, stat.S_IMODE(st.st_mode) | 0o700)
-            except OSError:
-                return
-        for entry in os.scandir(fd):
-            if entry.is_dir(follow_symlinks=False):
-                _make_own_dirs_writable(fd, entry.name, depth + 1)
+            os.fchmod(fd, stat.S_IMODE(st.st_mode) | 0o700)
     except OSError:
         pass
-    finally:
-        os.close(fd)
+    return fd
 
 
-def rmtree_at(dir_fd: int, name: str) -> bool:
-    """Remove ``name`` below ``dir_fd`` whatever it is: a tree (fd-based ``shutil.rmtree``, which
-    never follows a symlink), or a file, link, FIFO... (unlinked). Returns True if it is gone."""
-    import shutil
+def _names(fd: int, budget: int) -> list[tuple[str, bool]]:
+    """(name, is a directory, not following links) for at most ``budget`` entries of ``fd``."""
+    out = []
+    with os.scandir(fd) as it:
+        for entry in it:
+            if len(out) >= budget:
+                break
+            try:
+                out.append((entry.name, entry.is_dir(follow_symlinks=False)))
+            except OSError:
+                out.append((entry.name, False))
+    return out
 
+
+def _depth_note(depth: int, max_depth: int, entries: int, max_entries: int) -> str:
+    if entries >= max_entries:
+        return f"stopped after {max_entries} names (a tree that large is not a build tree)"
+    return f"left what lies deeper than {max_depth} levels (remove it by hand, e.g. rm -rf)"
+
+
+def remove_tree_at(dir_fd: int, name: str, *, max_depth: int = MAX_DEPTH,
+                   max_entries: int = MAX_ENTRIES) -> TreeRemoval:
+    """Remove ``name`` below ``dir_fd`` whatever it is: a file, link, FIFO... is unlinked (a link
+    itself, never its target); a directory is emptied depth-first through descriptors, never
+    following a link, at most ``max_depth`` levels and ``max_entries`` names, then removed.
+    What could not be removed within those bounds stays, and ``refused`` says so."""
     check_name(name)
     try:
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
-        return True
+        return TreeRemoval(True)
     if not stat.S_ISDIR(st.st_mode):
-        return unlink_at(dir_fd, name) or True
-    for attempt in (0, 1):
-        try:
-            shutil.rmtree(name, dir_fd=dir_fd)
-            return True
-        except FileNotFoundError:
-            return True
-        except OSError:
-            if attempt:
-                return False
-            _make_own_dirs_writable(dir_fd, name)
-    return False
+        unlink_at(dir_fd, name)
+        return TreeRemoval(True, 1)
+    try:
+        top = _open_child_dir(dir_fd, name)
+    except FileNotFoundError:
+        return TreeRemoval(True)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # replaced by a link or file since the stat
+            unlink_at(dir_fd, name)
+            return TreeRemoval(True, 1)
+        return TreeRemoval(False, 0, f"could not open it: {exc.strerror}")
+    removed = 0
+    seen = 0
+    refused = ""
+    failed = False
+    # Each frame: (fd, its name in the parent, the names still to remove in it).
+    stack: list[tuple[int, str, list[tuple[str, bool]]]] = []
+    try:
+        stack.append((top, name, _names(top, max_entries)))
+        seen += len(stack[-1][2])
+        if seen >= max_entries:
+            refused = _depth_note(1, max_depth, seen, max_entries)
+        while stack:
+            fd, _dname, todo = stack[-1]
+            if todo:
+                child, is_dir = todo.pop()
+                if not is_dir:
+                    try:
+                        os.unlink(child, dir_fd=fd)
+                        removed += 1
+                    except FileNotFoundError:
+                        pass
+                    except IsADirectoryError:
+                        todo.append((child, True))  # replaced by a directory meanwhile
+                    except OSError:
+                        failed = True
+                    continue
+                if len(stack) >= max_depth:
+                    refused = refused or _depth_note(len(stack), max_depth, seen, max_entries)
+                    continue
+                try:
+                    cfd = _open_child_dir(fd, child)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # replaced by a link or file
+                        todo.append((child, False))
+                    else:
+                        failed = True
+                    continue
+                try:
+                    names = _names(cfd, max(max_entries - seen, 0))
+                except OSError:
+                    os.close(cfd)
+                    failed = True
+                    continue
+                seen += len(names)
+                if seen >= max_entries:
+                    refused = refused or _depth_note(len(stack), max_depth, seen, max_entries)
+                stack.append((cfd, child, names))
+                continue
+            stack.pop()
+            os.close(fd)
+            parent = stack[-1][0] if stack else dir_fd
+            try:
+                os.rmdir(_dname, dir_fd=parent)
+                removed += 1
+            except FileNotFoundError:
+                pass
+            except OSError:
+                failed = True
+    finally:
+        for fd, _n, _t in stack:
+            os.close(fd)
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return TreeRemoval(True, removed)
+    if not refused and failed:
+        refused = "some names could not be removed (permissions, or a file system that refused)"
+    return TreeRemoval(False, removed, refused or "it changed while it was being removed")
+
+
+def rmtree_at(dir_fd: int, name: str) -> bool:
+    """:func:`remove_tree_at` with the default bounds; True if ``name`` is gone."""
+    return remove_tree_at(dir_fd, name).gone
 
 
 def rmtree(path: str) -> bool:
@@ -276,28 +385,64 @@ def rmtree(path: str) -> bool:
         os.close(pfd)
 
 
-def tree_size_at(dir_fd: int, name: str, limit: int = 100_000) -> int:
-    """Bytes of regular files under ``name`` (links not followed; at most ``limit`` files looked at)."""
+def tree_size_at(dir_fd: int, name: str, limit: int = 100_000, max_depth: int = MAX_DEPTH) -> int:
+    """Bytes of regular files under ``name`` (links not followed; at most ``limit`` names and
+    ``max_depth`` levels looked at: past either, the sum so far). Iterative, like the removal."""
     try:
         st = os.stat(check_name(name), dir_fd=dir_fd, follow_symlinks=False)
-    except OSError:
+    except (OSError, ValueError):
         return 0
     if not stat.S_ISDIR(st.st_mode):
         return st.st_size if stat.S_ISREG(st.st_mode) else 0
     total = 0
     seen = 0
     try:
-        for _root, _dirs, files, rfd in os.fwalk(name, dir_fd=dir_fd):
-            for f in files:
-                seen += 1
-                if seen > limit:
-                    return total
-                try:
-                    s = os.stat(f, dir_fd=rfd, follow_symlinks=False)
-                    if stat.S_ISREG(s.st_mode):
-                        total += s.st_size
-                except OSError:
-                    pass
+        top = os.open(name, O_DIR, dir_fd=dir_fd)
     except OSError:
-        pass
+        return 0
+    stack = [top]
+    pending: list[list[tuple[int, str]]] = [[]]  # per level: subdirectories still to visit
+    try:
+        level_names = [(top, n, d) for n, d in _names(top, limit)]
+        seen += len(level_names)
+        for fd, n, d in level_names:
+            if d:
+                pending[0].append((fd, n))
+            else:
+                total += _file_size(fd, n)
+        while stack:
+            if not pending[-1]:
+                os.close(stack.pop())
+                pending.pop()
+                continue
+            pfd, child = pending[-1].pop()
+            if len(stack) >= max_depth or seen >= limit:
+                continue
+            try:
+                cfd = os.open(child, O_DIR, dir_fd=pfd)
+            except OSError:
+                continue
+            stack.append(cfd)
+            pending.append([])
+            try:
+                names = _names(cfd, limit - seen)
+            except OSError:
+                names = []
+            seen += len(names)
+            for n, d in names:
+                if d:
+                    pending[-1].append((cfd, n))
+                else:
+                    total += _file_size(cfd, n)
+    finally:
+        for fd in stack:
+            os.close(fd)
     return total
+
+
+def _file_size(dir_fd: int, name: str) -> int:
+    try:
+        s = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return 0
+    return s.st_size if stat.S_ISREG(s.st_mode) else 0

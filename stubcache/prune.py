@@ -343,7 +343,8 @@ def _remove(store: Store, area: str, name: str) -> str:
                 fsroot.lstat_at(fd, name)
             except FileNotFoundError:
                 return "gone"
-            return "removed" if fsroot.rmtree_at(fd, name) else "failed: could not remove everything"
+            removal = fsroot.remove_tree_at(fd, name)
+            return "removed" if removal.gone else f"failed: {removal.refused}"
     except FileNotFoundError:
         return "gone"
 

@@ -28,6 +28,7 @@ class RedisServer:
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="stubcache-redis-")
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._clients: list = []
         self.proc = subprocess.Popen(
             [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--dir", self.dir, "--protected-mode", "no", *extra],
@@ -70,7 +71,9 @@ class RedisServer:
     def client(self):
         import redis
 
-        return redis.Redis.from_url(self.url, socket_timeout=5)
+        client = redis.Redis.from_url(self.url, socket_timeout=5)
+        self._clients.append(client)  # closed by stop(): a socket left to the GC is a ResourceWarning
+        return client
 
     def info(self, field: str) -> str:
         text = self.command("INFO").decode()
@@ -92,6 +95,9 @@ class RedisServer:
         self.proc.send_signal(signal.SIGCONT)
 
     def stop(self) -> None:
+        for client in self._clients:
+            client.close()
+        self._clients.clear()
         if self.proc.poll() is None:
             self.resume()
             self.proc.terminate()

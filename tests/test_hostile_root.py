@@ -133,7 +133,7 @@ PRELUDE = """
 import os, pwd, grp, sys, pkgutil, importlib
 import stubcache, platformdirs, ctypes, fcntl, json, hashlib, subprocess, tempfile, shutil, logging
 import sysconfig, glob, shlex, inspect, atexit, errno, signal, traceback, argparse, csv, io, fnmatch
-import hmac, secrets, socket, base64, struct, zlib
+import hmac, secrets, socket, base64, struct, zlib, locale, gettext  # under /root (pyenv), unreadable once dropped
 for m in pkgutil.walk_packages(stubcache.__path__, "stubcache."):
     if not m.name.endswith("__main__"):
         importlib.import_module(m.name)
@@ -676,7 +676,7 @@ def test_a_huge_sparse_library_is_refused_before_it_is_hashed(cache_root):
     size = fsroot.LIBRARY_CAP + (1 << 20)
     os.unlink(lib)
     subprocess.run(["truncate", "-s", str(size), lib], check=True)
-    m = json.load(open(manifest))
+    m = json.loads(Path(manifest).read_text())
     os.chmod(manifest, 0o644)
     with open(manifest, "w") as f:
         json.dump(dict(m, size=size), f)
@@ -714,3 +714,46 @@ def test_hashing_a_tracked_path_never_opens_a_fifo_or_device(tmp_path):
     finally:
         writer.kill()
         writer.wait()
+
+
+# --- deep trees: every walk and removal is iterative and bounded ------------------------------
+
+DEEP = 3000
+
+
+def test_root_prune_and_clear_end_cleanly_on_trees_3000_levels_deep(shared, users):
+    """A member plants directories 3,000 levels deep (deeper than Python's recursion limit, and
+    than PATH_MAX allows as one path) under staging/ and trash/, each with a link to a directory
+    outside at the bottom. Root's prune --dry-run, prune and clear --yes end without a traceback,
+    say what they left, follow nothing, and change nothing outside the root."""
+    root, outside = shared
+    before = snapshot(outside)
+    key = FAKE
+    plant_as(users["mallory"], root, f"""
+        for area, name in (("staging", {key!r} + "-999997-deep"), ("trash", {key!r} + "-1-999996")):
+            fd = os.open(os.path.join(V1, area), os.O_RDONLY | os.O_DIRECTORY)
+            os.mkdir(name, dir_fd=fd)
+            for i in range({DEEP}):
+                nfd = os.open(name if i == 0 else "d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+                os.close(fd)
+                fd = nfd
+                os.mkdir("d", dir_fd=fd)
+                with open(os.open("f", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd), "w") as f:
+                    f.write("x")
+            os.symlink({str(outside / 'victim_dir')!r}, "link", dir_fd=fd)
+            os.close(fd)
+        """)
+    try:
+        for args in (["prune", "--dry-run"], ["prune", "--yes"], ["prune", "--dry-run"], ["clear", "--yes"]):
+            proc = cli(root, *args)
+            no_traceback(proc)
+            assert "RecursionError" not in proc.stdout + proc.stderr
+        assert snapshot(outside) == before
+        proc = cli(root, "prune", "--yes")
+        assert "deeper than" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+        # What is within the bounds went; the rest is left, not followed, and reported.
+        for area in ("staging", "trash"):
+            [left] = os.listdir(root / "v1" / area)
+            assert left.startswith(key)
+    finally:
+        subprocess.run(["rm", "-rf", str(root / "v1" / "staging"), str(root / "v1" / "trash")], check=True)

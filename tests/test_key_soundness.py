@@ -302,7 +302,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           env=dict(os.environ), timeout=300)
 
 
-@pytest.mark.parametrize("method,flags", [("direct", []), ("direct", ["-g", "-O2"]), ("load_inline", [])])
+@pytest.mark.parametrize("method,flags", [("direct", []), ("direct", ["-g", "-O2"]),
+                                          pytest.param("load_inline", [], marks=pytest.mark.torch)])
 def test_two_builds_of_one_key_are_identical(cache_root, tmp_path, method, flags):
     """The random staging path must not reach the library (file names, debug info, __FILE__)."""
     from stubcache.builder import build
@@ -359,6 +360,7 @@ def test_verify_rebuild_reports_a_stale_entry(cache_root, cxx, tmp_path):
 # --- needless misses ---------------------------------------------------------------------------
 
 
+@pytest.mark.torch
 def test_options_that_do_not_change_the_bytes_share_a_key(cache_root, tmp_path):
     """Without ``functions``, ``is_python_module`` and ``with_pytorch_error_handling`` give
     byte-identical libraries (measured here), so they share one key."""

@@ -13,6 +13,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO
 
 _TESTS = """
@@ -72,6 +74,7 @@ def _copy_tree(dst: Path) -> None:
     shutil.copy(REPO / "pyproject.toml", dst / "pyproject.toml")
 
 
+@pytest.mark.torch  # the script checks that torch imports before it runs anything
 def test_gpu_script_from_a_copied_tree_without_platformdirs(tmp_path):
     tree = tmp_path / "tree"
     _copy_tree(tree)

@@ -535,7 +535,9 @@ def test_read_mode_never_writes_to_the_remote_store(own_redis, tmp_path, cxx):
     _, err = reader("refuses", 42)
     assert "refused remote blob" in err
     client.delete(PREFIX + a["key"])
-    client.set("stubcache:v1:lease:" + a["key"], b"{}", px=1500)  # being built elsewhere, then gone
+    # being built elsewhere, then gone: long enough that a reader started on a loaded machine
+    # still finds it (at 1.5 s, under load, it was gone before the reader looked)
+    client.set("stubcache:v1:lease:" + a["key"], b"{}", px=6000)
     reader("waits", 42)
     assert stats(tmp_path / "host-waits")["remote"]["lease_waits"] == 1
 
