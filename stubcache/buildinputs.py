@@ -11,6 +11,7 @@ import shlex
 import subprocess
 
 from . import inputs
+from .flagscan import scan
 from .fingerprint import torch_dir
 from .spec import StubSpec
 
@@ -115,6 +116,8 @@ def _compile_flags(spec: StubSpec, build_dir: str) -> list[str]:
                       "-isystem", os.path.join(tdir, "include", "torch", "csrc", "api", "include")]
         flags += ["-isystem", sysconfig.get_path("include", scheme="posix_prefix"), "-std=c++20",
                   *spec.extra_cflags]
+        # The direct path compiles and links in one command: ldflags' -I dirs search too.
+        flags += scan(spec.extra_ldflags).search
     return [f for f in flags if not f.startswith(("-Wp,-M", "-M"))]
 
 
@@ -154,7 +157,10 @@ def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: 
     probes = inputs.has_include_names(spec.cpp_sources + spec.cuda_sources)
     named = inputs.files_named_by_flags(spec.extra_cflags + spec.extra_cuda_cflags + spec.extra_ldflags)
     tracked = inputs.track([*deps, *named], build_dir, pinned, search, started_ns, probes)
-    libs = inputs.library_candidates([os.path.join(build_dir, d) for d in deps], spec.extra_ldflags,
+    # The link step's -L/-l (through -Wl, too): on the direct path that is the one command.
+    link = (scan(spec.extra_cflags, spec.extra_ldflags) if spec.build_method == "direct"
+            else scan(spec.extra_ldflags))
+    libs = inputs.library_candidates([os.path.join(build_dir, d) for d in deps], link.lib_dirs, link.lib_names,
                                      os.environ.get("LIBRARY_PATH"))
     if libs:
         tracked.record["shadows"] = inputs.file_candidates(libs, pinned, tracked.record.get("shadows") or {},
