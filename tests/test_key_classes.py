@@ -63,3 +63,58 @@ def test_paths_through_a_symlink_and_dotdot_are_tracked_as_the_kernel_resolves_t
     entry = StubCache().lookup(StubSpec(**spec))
     assert entry is not None and f"{p}/current/../shared/s.h" in entry.manifest.headers
     assert f"{p}/current/../shared" in entry.manifest.inputs["search"], "the search order is recorded"
+
+
+# --- class 4: dependency-file syntax ----------------------------------------------------------
+
+# Every character a Linux file name may hold that make's syntax escapes or that might confuse a
+# parser: gcc writes "$" as "$$", escapes " ", "\t" and "#", leaves ":" "%" "\" as they are.
+EXPRESSIBLE = ["sp ace", "dol$lar", "two$$dollars", "ha#sh", "co:lon", "pct%p", "bs\\x", "bs\\ sp", "bs\\#h",
+               "tab\tt", "quo'te", "uni\u20ac", "bad\udcffbyte", "semi;colon", "star*q?"]
+# What no dependency file can say unambiguously: a line break; a name ending in a backslash.
+UNEXPRESSIBLE = ["new\nline", "ends\\"]
+
+
+def test_header_names_with_every_special_character_are_tracked(cache_root, cxx, tmp_path):
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    paths = []
+    for i, name in enumerate(EXPRESSIBLE):
+        path = os.path.join(os.fsencode(inc), os.fsencode(name + ".h"))
+        with open(path, "wb") as fh:
+            fh.write(f"#define V{i} 1\n".encode())
+        paths.append(path)
+    includes = "".join(f"#include <{n}.h>\n" for n in EXPRESSIBLE)
+    total = " + ".join(f"V{i}" for i in range(len(EXPRESSIBLE)))
+    spec = {"name": "depsyntax", "cpp_sources": includes + f'extern "C" int value(void) {{ return {total}; }}\n',
+            "extra_include_paths": [str(inc)]}
+    v, k0, _ = child(spec)
+    assert v == len(EXPRESSIBLE)
+    entry = StubCache().lookup(StubSpec(**spec))
+    assert entry is not None, "every one of these names can be tracked: the entry is published"
+    for path in paths:
+        assert os.fsdecode(path) in entry.manifest.headers, os.fsdecode(path)
+    for i, path in enumerate(paths):
+        with open(path, "wb") as fh:
+            fh.write(f"#define V{i} 2\n".encode())
+        v, _, _ = child(spec)
+        assert v == len(EXPRESSIBLE) + i + 1, f"editing {EXPRESSIBLE[i]!r} was not seen"
+    for i, path in enumerate(paths):
+        with open(path, "wb") as fh:
+            fh.write(f"#define V{i} 1\n".encode())
+    n = cxx.compiles()
+    assert child(spec)[:2] == (len(EXPRESSIBLE), k0) and cxx.compiles() == n, "reverting hits the first entry"
+
+
+@pytest.mark.parametrize("name", UNEXPRESSIBLE, ids=["newline", "trailing-backslash"])
+def test_a_name_the_dependency_file_cannot_express_is_never_published(cache_root, cxx, tmp_path, name):
+    """gcc writes a line break in a name as is, and a trailing backslash undoubled: the file
+    read cannot be named for certain. The build loads but is never published, so an edit is
+    always seen (a private build each time), never a stale hit."""
+    header = tmp_path / name
+    header.write_text("#define VAL 1\n")
+    spec = {"name": "unexpressed", "cpp_sources": value_src(), "extra_cflags": ["-include", str(header)]}
+    assert child(spec)[0] == 1
+    assert StubCache().lookup(StubSpec(**spec)) is None
+    header.write_text("#define VAL 2\n")
+    assert child(spec)[0] == 2
