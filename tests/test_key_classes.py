@@ -118,3 +118,49 @@ def test_a_name_the_dependency_file_cannot_express_is_never_published(cache_root
     assert StubCache().lookup(StubSpec(**spec)) is None
     header.write_text("#define VAL 2\n")
     assert child(spec)[0] == 2
+
+
+# --- class 5: a library that cannot load is a failed build ------------------------------------
+
+UNDEFINED_SRC = 'extern "C" int g(void);\nextern "C" int value(void) { return g() + 1; }\n'
+
+
+def test_a_library_with_an_undefined_symbol_is_a_build_error_and_never_published(cache_root, cxx, tmp_path):
+    """It links (``-shared`` allows undefined symbols) and would fail every load, forever: the
+    build fails with the loader's message, nothing is published, the failure is recorded like a
+    compile error's (for the processes waiting on the build), and linking what defines it builds."""
+    from stubcache import BuildError
+
+    spec = StubSpec("undef", UNDEFINED_SRC)
+    with pytest.raises(BuildError, match="undefined symbol: g") as info:
+        StubCache().get_or_build(spec)
+    assert info.value.key and StubCache().lookup(spec) is None
+    failures = list((cache_root / "v1" / "failures").iterdir())
+    assert len(failures) == 1 and "undefined symbol: g" in failures[0].read_text()
+    # A later process gets the same error (it retries the build: the failure is not cached).
+    n = cxx.compiles()
+    out = run_py("""
+        import stubcache
+        from stubcache.cache import StubCache
+        spec = stubcache.StubSpec("undef", 'extern "C" int g(void);\\nextern "C" int value(void) { return g() + 1; }\\n')
+        try:
+            StubCache().get_or_build(spec)
+        except stubcache.BuildError as exc:
+            print("BuildError", "undefined symbol: g" in str(exc))
+    """).stdout.split()
+    assert out == ["BuildError", "True"]
+    assert cxx.compiles() <= n + 1
+    # Linking the library that defines it is a good build.
+    lib = tmp_path / "libg.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-x", "c", "-", "-o", str(lib)], input=b"int g(void) { return 41; }",
+                   check=True)
+    good = StubSpec("undef", UNDEFINED_SRC, extra_ldflags=[str(lib), f"-Wl,-rpath,{tmp_path}"])
+    cache = StubCache()
+    assert cache.load_entry(cache.get_or_build(good)).value() == 42
+
+
+def test_symbols_the_loading_python_provides_are_not_undefined(cache_root, tmp_path):
+    """An extension module leaves the interpreter's symbols undefined: that loads."""
+    src = 'extern "C" int Py_IsInitialized(void);\nextern "C" int value(void) { return Py_IsInitialized(); }\n'
+    cache = StubCache()
+    assert cache.load_entry(cache.get_or_build(StubSpec("pysym", src))).value() == 1
