@@ -148,6 +148,7 @@ def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: 
     except (OSError, subprocess.SubprocessError):
         search = None
     facts = compiler if compiler is not None else compiler_facts()
+    ran = compiler_that_ran(search, facts, bool(spec.tool_flags))
     pinned = inputs.pinned_prefixes([*(facts.get("own_dirs") or []), *(facts.get("stdlib_dirs") or [])],
                                     torch_dir(), sysconfig.get_path("include", scheme="posix_prefix"))
     if spec.effective_with_cuda:
@@ -165,7 +166,27 @@ def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: 
     if libs:
         tracked.record["shadows"] = inputs.file_candidates(libs, pinned, tracked.record.get("shadows") or {},
                                                           started_ns, tracked.unstable)
+    if ran:
+        tracked.unstable.append(ran)
     return tracked
+
+
+def compiler_that_ran(search: inputs.SearchPath | None, facts: dict, own_tools: bool) -> str | None:
+    """A line saying which compiler answered the build's search probe (run through the same
+    ``CXX``, wrapper and environment as the build), if it is not the one the fingerprint names;
+    None when they agree or the probe did not say. A mismatch means the key was computed for
+    another compiler (a wrapper setting stubcache does not read): such a build is not published.
+    ``own_tools``: the spec's flags choose the compiler proper (``-B``), so only the version
+    line is compared."""
+    if search is None:
+        return None
+    want_cc1 = (facts.get("cc1") or {}).get("path")
+    want_version = facts.get("driver_version")
+    if search.driver_version and want_version and search.driver_version != want_version:
+        return f"the compiler that ran ({search.driver_version}), not the one the key names ({want_version})"
+    if not own_tools and search.cc1 and want_cc1 and search.cc1 != want_cc1:
+        return f"the compiler that ran ({search.cc1}), not the one the key names ({want_cc1})"
+    return None
 
 
 def _cuda_home() -> str | None:

@@ -23,11 +23,16 @@ if TYPE_CHECKING:
 class SearchPath:
     """The compiler's include search order for one command line, as it reports it (``-v``)."""
 
-    __slots__ = ("dirs", "missing")
+    __slots__ = ("dirs", "missing", "cc1", "driver_version")
 
-    def __init__(self, dirs: list[str], missing: list[str]) -> None:
+    def __init__(self, dirs: list[str], missing: list[str], cc1: str | None = None,
+                 driver_version: str | None = None) -> None:
         self.dirs = dirs  # quote-only dirs, then the <...> dirs, in search order
         self.missing = missing  # dirs the compiler ignored as nonexistent (they may appear later)
+        # Who answered, through whatever wraps CXX: the compiler proper it ran and the driver's
+        # version line (compared with the fingerprint's record of the real compiler).
+        self.cc1 = cc1
+        self.driver_version = driver_version
 
 
 def start_search_path(cmd: list[str], cwd: str | None = None) -> "subprocess.Popen":
@@ -61,7 +66,22 @@ def parse_search_path(text: str) -> SearchPath:
     dirs: list[str] = []
     missing: list[str] = []
     inside = False
+    started = False  # the search list (or the notes before it) began: no command lines after
+    cc1 = version = None
     for line in text.splitlines():
+        if not started and line.startswith(" ") and cc1 is None:
+            import shlex
+
+            try:
+                first = shlex.split(line)[0]
+            except (ValueError, IndexError):
+                first = ""
+            if os.path.isabs(first):
+                cc1 = os.path.realpath(first)
+        elif not started and version is None and " version " in line and not line.startswith(" "):
+            version = line.strip()
+        if line.startswith(("ignoring ", "#include ")):
+            started = True
         if line.startswith("ignoring nonexistent directory"):
             missing.append(kpath.tidy(line.split('"')[1] if '"' in line else line.split()[-1]))
         elif line.startswith("#include ") and "search starts here" in line:
@@ -73,7 +93,7 @@ def parse_search_path(text: str) -> SearchPath:
             if d.endswith(" (framework directory)"):
                 continue
             dirs.append(kpath.tidy(d))  # as given: `link/..` is where the link points, then up
-    return SearchPath(dirs, missing)
+    return SearchPath(dirs, missing, cc1, version)
 
 
 OWN_DIR_PROBES = ("-print-file-name=include", "-print-libgcc-file-name")

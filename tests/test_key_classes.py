@@ -164,3 +164,90 @@ def test_symbols_the_loading_python_provides_are_not_undefined(cache_root, tmp_p
     src = 'extern "C" int Py_IsInitialized(void);\nextern "C" int value(void) { return Py_IsInitialized(); }\n'
     cache = StubCache()
     assert cache.load_entry(cache.get_or_build(StubSpec("pysym", src))).value() == 1
+
+
+# --- class 3: a compiler cache's own configuration --------------------------------------------
+
+# A stand-in for ccache where none is installed: it picks the compiler as ccache does
+# (CCACHE_COMPILER, else `compiler =` in $CCACHE_CONFIGPATH or $CCACHE_DIR/ccache.conf, else
+# the next word) and runs CCACHE_PREFIX in front of it.
+FAKE_CCACHE = r"""#!/bin/sh
+compiler="$CCACHE_COMPILER"
+conf="${CCACHE_CONFIGPATH:-$CCACHE_DIR/ccache.conf}"
+if [ -z "$compiler" ] && [ -f "$conf" ]; then
+  compiler=$(sed -n 's/^ *compiler *= *//p' "$conf" | tail -n 1)
+fi
+first="$1"; shift
+[ -n "$compiler" ] || compiler="$first"
+exec $CCACHE_PREFIX "$compiler" "$@"
+"""
+
+WRAPPED_SRC = ("#if defined(BUMP)\n#define VAL 3\n#elif defined(__clang__)\n#define VAL 2\n#else\n#define VAL 1\n#endif\n"
+               + value_src())
+
+
+@pytest.mark.skipif(shutil.which("clang++") is None or shutil.which("g++") is None, reason="needs g++ and clang++")
+@pytest.mark.parametrize("wrapper", ["ccache", "stand-in"])
+def test_a_compiler_cache_choosing_another_compiler_changes_the_key(cache_root, tmp_path, monkeypatch, wrapper):
+    """``CXX="ccache g++"``: ``CCACHE_COMPILER``, ``compiler =`` in ccache.conf and
+    ``CCACHE_PREFIX`` change what runs; the key follows the compiler that the wrapper really
+    runs (probed through it), and going back hits the first entry again."""
+    if wrapper == "ccache":
+        ccache = os.environ.get("STUBCACHE_TEST_CCACHE") or shutil.which("ccache")
+        if not ccache:
+            pytest.skip("needs ccache (or STUBCACHE_TEST_CCACHE naming one)")
+        tool = tmp_path / "bin" / "ccache"
+        tool.parent.mkdir()
+        tool.symlink_to(ccache)
+    else:
+        tool = tmp_path / "bin" / "ccache"
+        tool.parent.mkdir()
+        tool.write_text(FAKE_CCACHE)
+        tool.chmod(0o755)
+    ccdir = tmp_path / "ccache-dir"
+    ccdir.mkdir()
+    monkeypatch.setenv("CXX", f"{tool} g++")
+    monkeypatch.setenv("CCACHE_DIR", str(ccdir))
+    for var in ("CCACHE_COMPILER", "CCACHE_PREFIX", "CCACHE_CONFIGPATH"):
+        monkeypatch.delenv(var, raising=False)
+    spec = {"name": "wrapped", "cpp_sources": WRAPPED_SRC}
+    v1, k1, _ = child(spec)
+    assert v1 == 1
+    v2, k2, _ = child(spec, {"CCACHE_COMPILER": "clang++"})
+    assert (v2 == 2) and k2 != k1, "CCACHE_COMPILER chose clang++: a new key"
+    assert child(spec)[:2] == (1, k1)
+
+    conf = ccdir / "ccache.conf"
+    conf.write_text("compiler = clang++\n")
+    v3, k3, _ = child(spec)
+    assert v3 == 2 and k3 == k2, "ccache.conf chose clang++: the key of clang++"
+    conf.unlink()
+    assert child(spec)[:2] == (1, k1)
+
+    prefix = tmp_path / "prefix.sh"
+    prefix.write_text('#!/bin/sh\nexec "$@" -DBUMP\n')
+    prefix.chmod(0o755)
+    v4, k4, _ = child(spec, {"CCACHE_PREFIX": str(prefix)})
+    assert v4 == 3 and k4 not in (k1, k2), "a prefix command that adds a flag: its own key"
+    assert child(spec)[:2] == (1, k1)
+
+
+def test_a_build_by_another_compiler_than_the_key_names_is_not_published(cache_root, tmp_path, monkeypatch):
+    """A wrapper whose choice stubcache cannot see (its own config file) switches compilers
+    after the fingerprint was memoised: the build's own probe, run through the same wrapper,
+    names the compiler that ran, and a build whose key names another is never published."""
+    if shutil.which("clang++") is None:
+        pytest.skip("needs clang++")
+    choice = tmp_path / "choice"
+    choice.write_text("clang++\n")
+    script = tmp_path / "cxx-choose.sh"
+    script.write_text(f'#!/bin/sh\nexec $(cat "{choice}") "$@"\n')
+    script.chmod(0o755)
+    monkeypatch.setenv("CXX", str(script))
+    spec = {"name": "chosen", "cpp_sources": WRAPPED_SRC}
+    v1, k1, _ = child(spec)
+    assert v1 == 2
+    choice.write_text("g++\n")  # the fingerprint memo cannot know
+    spec2 = dict(spec, cpp_sources=WRAPPED_SRC + "// another source: a miss, built by g++\n")
+    assert child(spec2)[0] == 1
+    assert StubCache().lookup(StubSpec(**spec2)) is None, "published under a key that names clang++"
