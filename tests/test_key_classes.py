@@ -251,3 +251,49 @@ def test_a_build_by_another_compiler_than_the_key_names_is_not_published(cache_r
     spec2 = dict(spec, cpp_sources=WRAPPED_SRC + "// another source: a miss, built by g++\n")
     assert child(spec2)[0] == 1
     assert StubCache().lookup(StubSpec(**spec2)) is None, "published under a key that names clang++"
+
+
+# --- class 2: every flag list that reaches the compiler ---------------------------------------
+
+
+def test_every_flag_list_that_reaches_the_compiler_is_scanned(cache_root, cxx, tmp_path):
+    """On the direct path compile and link are one command: ``-I`` in ``extra_ldflags``
+    searches for headers (a header appearing earlier on that list shadows), ``-march=native``
+    there generates code for this CPU (its resolved target is in the key), and ``-Wl,-L``/
+    ``-Wl,-l`` pick libraries (a library appearing earlier on that list shadows)."""
+    from .test_key_tracked_inputs import DEP_SRC, _archive
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    _write(second / "val.h", "#define VAL 1\n")
+    first.mkdir()
+    shadow = first / "val.h"
+    spec = {"name": "ld_includes", "cpp_sources": value_src('#include "val.h"'),
+            "extra_ldflags": ["-I", str(first), f"-I{second}"]}
+    cycle(cxx, spec, lambda: shadow.write_text("#define VAL 2\n"), shadow.unlink)
+
+    native = StubSpec("ld_native", value_src("#define VAL 1"), extra_ldflags=["-march=native"])
+    pre = StubCache().preimage(native)["fingerprint"]
+    assert pre["native"]["target"] and all("native" not in t for t in pre["native"]["target"])
+    through = StubSpec("ld_native", value_src("#define VAL 1"), extra_cflags=["-Xcompiler=-march=native"])
+    assert through.host_targets == ("-march=native",)
+
+    l1, l2 = tmp_path / "l1", tmp_path / "l2"
+    l1.mkdir()
+    l2.mkdir()
+    _archive(tmp_path, l2 / "libdep.a", 1)
+    spec = {"name": "wl_libs", "cpp_sources": DEP_SRC, "extra_ldflags": [f"-Wl,-L{l1}", f"-Wl,-L,{l2}", "-Wl,-ldep"]}
+    cycle(cxx, spec, lambda: _archive(tmp_path, l1 / "libdep.a", 2), (l1 / "libdep.a").unlink)
+
+
+def test_the_flag_scanner_reads_every_form():
+    from stubcache.flagscan import scan
+
+    found = scan(["-I", "/a", "-isystem/b", "-include", "/c.h", "-specs=/d.specs", "@/e.rsp", "-fplugin=/f.so",
+                  "-B", "/g/", "-mtune=native"],
+                 [], ["-idirafter", "/h", "-Wl,-L/i,-lj", "-Xlinker", "--library-path=/k", "-Wl,-T,/l.ld",
+                      "-Wl,@/m.rsp", "-L/n", "-lo", "-Xcompiler", "-mcpu=native"])
+    assert found.search == ("-I", "/a", "-isystem/b", "-idirafter", "/h")
+    assert found.files == ("/c.h", "/d.specs", "/e.rsp", "/f.so", "/l.ld", "/m.rsp")
+    assert found.tool_flags == ("-B", "/g/")
+    assert found.host_targets == ("-mtune=native", "-mcpu=native")
+    assert found.lib_dirs == ("/i", "/k", "/n") and found.lib_names == ("j", "o")
