@@ -157,6 +157,7 @@ def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: 
             pinned += inputs.pinned_prefixes([home], None, None)
     probes = inputs.has_include_names(spec.cpp_sources + spec.cuda_sources)
     named = inputs.files_named_by_flags(spec.extra_cflags + spec.extra_cuda_cflags + spec.extra_ldflags)
+    named += _found_in_b_dirs(scan(spec.extra_cflags, spec.extra_ldflags))
     tracked = inputs.track([*deps, *named], build_dir, pinned, search, started_ns, probes)
     # The link step's -L/-l (through -Wl, too): on the direct path that is the one command.
     link = (scan(spec.extra_cflags, spec.extra_ldflags) if spec.build_method == "direct"
@@ -169,6 +170,19 @@ def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: 
     if ran:
         tracked.unstable.append(ran)
     return tracked
+
+
+def _found_in_b_dirs(found) -> list[str]:
+    """Files named relatively by flags (``-specs=my.specs``) that gcc looks up in the ``-B``
+    directories, where they exist now."""
+    bdirs, tools = [], list(found.tool_flags)
+    for i, f in enumerate(tools):
+        if f == "-B" and i + 1 < len(tools):
+            bdirs.append(tools[i + 1])
+        elif f.startswith("-B") and len(f) > 2:
+            bdirs.append(f[2:])
+    return [p for f in found.files if not os.path.isabs(f) for d in bdirs if os.path.isabs(d)
+            for p in [os.path.join(d, f)] if os.path.isfile(p)]
 
 
 def compiler_that_ran(search: inputs.SearchPath | None, facts: dict, own_tools: bool) -> str | None:

@@ -297,3 +297,14 @@ def test_the_flag_scanner_reads_every_form():
     assert found.tool_flags == ("-B", "/g/")
     assert found.host_targets == ("-mtune=native", "-mcpu=native")
     assert found.lib_dirs == ("/i", "/k", "/n") and found.lib_names == ("j", "o")
+
+
+def test_a_specs_file_found_in_a_dash_b_directory_is_tracked(cache_root, cxx, tmp_path):
+    """``-B DIR -specs=NAME``: gcc reads ``DIR/NAME``, named by no dependency output."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    specs = tools / "val.specs"
+    specs.write_text("*cc1plus:\n+ -DVAL=1\n")
+    spec = {"name": "b_specs", "cpp_sources": value_src(), "extra_cflags": [f"-B{tools}/", "-specs=val.specs"]}
+    cycle(cxx, spec, lambda: specs.write_text("*cc1plus:\n+ -DVAL=2\n"),
+          lambda: specs.write_text("*cc1plus:\n+ -DVAL=1\n"))
