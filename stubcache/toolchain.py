@@ -303,7 +303,7 @@ def _run_all(cmds: list[list[str]], env: dict | None = None) -> list[str]:
             out.append(p)
             continue
         try:
-            out.append(p.communicate(timeout=60)[0].decode("utf-8", "replace"))
+            out.append(p.communicate(timeout=60)[0].decode("utf-8", "surrogateescape"))  # paths are bytes
         except subprocess.TimeoutExpired as exc:
             p.kill()
             p.communicate()

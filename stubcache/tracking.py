@@ -53,7 +53,7 @@ def finish_search_path(proc: "subprocess.Popen") -> SearchPath:
         proc.kill()
         proc.communicate()
         raise
-    return parse_search_path(out.decode("utf-8", "replace"))
+    return parse_search_path(out.decode("utf-8", "surrogateescape"))  # directory names are bytes
 
 
 def search_path(cmd: list[str], cwd: str | None = None) -> SearchPath:
@@ -107,7 +107,7 @@ def compiler_dirs(cmd: list[str]) -> list[str]:
     for probe in OWN_DIR_PROBES:
         try:
             outs.append(subprocess.run([*cmd, probe], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                       check=False, timeout=60).stdout.decode("utf-8", "replace"))
+                                       check=False, timeout=60).stdout.decode("utf-8", "surrogateescape"))
         except (OSError, subprocess.SubprocessError):
             outs.append("")
     return compiler_dirs_from(outs)

@@ -307,3 +307,26 @@ def test_a_specs_file_found_in_a_dash_b_directory_is_tracked(cache_root, cxx, tm
     spec = {"name": "b_specs", "cpp_sources": value_src(), "extra_cflags": [f"-B{tools}/", "-specs=val.specs"]}
     cycle(cxx, spec, lambda: specs.write_text("*cc1plus:\n+ -DVAL=2\n"),
           lambda: specs.write_text("*cc1plus:\n+ -DVAL=1\n"))
+
+
+def test_a_header_shadowing_from_a_search_directory_named_in_no_encoding_misses(cache_root, cxx, tmp_path):
+    """Found by the fuzzer: the compiler's ``-v`` search list was decoded with replacement
+    characters, so a directory whose name is not UTF-8 matched no header, and a header
+    appearing there (searched first) was no shadow candidate: a stale hit."""
+    first = os.path.join(os.fsencode(tmp_path), b"first\xff$")
+    second = tmp_path / "second"
+    os.mkdir(first)
+    _write(second / "val.h", "#define VAL 1\n")
+    shadow = os.path.join(first, b"val.h")
+    spec = {"name": "bytes_dir", "cpp_sources": value_src('#include "val.h"'),
+            "extra_cflags": ["-I", os.fsdecode(first), "-I", str(second)]}
+
+    def plant():
+        with open(shadow, "wb") as fh:
+            fh.write(b"#define VAL 2\n")
+
+    class Count:  # the wrapper's log holds the flag's bytes
+        def compiles(self) -> int:
+            return len(cxx.log.read_bytes().splitlines()) if cxx.log.exists() else 0
+
+    cycle(Count(), spec, plant, lambda: os.unlink(shadow))
