@@ -18,8 +18,9 @@ Then one to three edits: change a header (same size, within the same second), cr
 header that may shadow another, delete one, replace a directory with a symlink to another,
 re-point a symlink, create or edit ``up.h``.
 
-The default run keeps to a few examples (CI); ``STUBCACHE_FUZZ_EXAMPLES=N`` runs N with a
-random seed (a longer run by hand).
+The default run keeps to a few examples (CI) and two fixed ones (a class-1 trap and the
+first failure found); ``STUBCACHE_FUZZ_EXAMPLES=N`` runs N with a random seed (a longer run
+by hand).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import sys
 import tempfile
 import textwrap
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 LONG = int(os.environ.get("STUBCACHE_FUZZ_EXAMPLES", "0") or 0)
@@ -196,7 +197,8 @@ class World:
         return ctypes.CDLL(out).value()
 
     def cached(self, root: str) -> dict:
-        env = dict(os.environ, SPEC=json.dumps(self.spec()), STUBCACHE_DIR=root)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("STUBCACHE_")}
+        env.update(SPEC=json.dumps(self.spec()), STUBCACHE_DIR=root)
         proc = subprocess.run([sys.executable, "-c", textwrap.dedent(CHILD)], env=env, capture_output=True,
                               text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr
@@ -218,10 +220,33 @@ def _check(world: dict) -> None:
         shutil.rmtree(base, ignore_errors=True)
 
 
+def _h(weight: int, once: bool = False, next_: bool = False, up: bool = False) -> dict:
+    return {"weight": weight, "once": once, "next": next_, "up": up}
+
+
+# Always run, whatever the seed: a class-1 trap (``D0/y0/../inc`` with ``y0 -> D1/x`` is D1/inc
+# to the kernel, D0/inc, which holds a decoy h1.h, on paper), and the first failure the fuzzer
+# found (a header created in a search directory whose name is not UTF-8).
+TRAP = {"names": ["da", "db"],
+        "dirs": [{"headers": {0: _h(10), 1: _h(13)}, "up": None}, {"headers": {1: _h(11), 2: _h(12)}, "up": None}],
+        "slots": [{"dir": 0, "spelling": "dotdot-link", "other": 1, "kind": "-I"},
+                  {"dir": 0, "spelling": "link", "other": 0, "kind": "-isystem"}],
+        "includes": ["<", '"', "<"], "edits": [("change", 1, 0, 1, 600), ("repoint", 0, 0, 0, 0)]}
+FOUND_NON_UTF8_DIR = {
+    "names": ["d\udcff\u20ac$a", "d\u20ac\udcff\udcffb", "d$b"],
+    "dirs": [{"headers": {0: _h(176, once=True, up=True), 2: _h(185, up=True)}, "up": None},
+             {"headers": {0: _h(182, once=True, up=True), 1: _h(47, up=True)}, "up": None},
+             {"headers": {}, "up": None}],
+    "slots": [{"dir": 1, "spelling": "plain", "other": 0, "kind": "-I"},
+              {"dir": 0, "spelling": "plain", "other": 0, "kind": "-I"},
+              {"dir": 0, "spelling": "plain", "other": 0, "kind": "-I"}],
+    "includes": ['"', '"', '"'], "edits": [("change", 0, 0, 0, 200), ("create", 1, 0, 2, 200)]}
+
+
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=not LONG, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                                 HealthCheck.data_too_large])
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@example(world=TRAP)
+@example(world=FOUND_NON_UTF8_DIR)
 @given(world=worlds())
-def test_what_loads_is_what_a_bare_build_gives_now(world, cache_root, monkeypatch):
-    monkeypatch.delenv("CXX", raising=False)
-    _check(world)
+def test_what_loads_is_what_a_bare_build_gives_now(world):
+    _check(world)  # no fixtures: each example makes (and removes) its own directory and root
