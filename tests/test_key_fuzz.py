@@ -225,10 +225,10 @@ def _h(weight: int, once: bool = False, next_: bool = False, up: bool = False) -
 
 
 # Always run, whatever the seed: a class-1 trap (``D0/y0/../inc`` with ``y0 -> D1/x`` is D1/inc
-# to the kernel, D0/inc, which holds a decoy h1.h, on paper), and the first failure the fuzzer
+# to the kernel, D0/inc, which holds decoys, on paper), and the first failure the fuzzer
 # found (a header created in a search directory whose name is not UTF-8).
 TRAP = {"names": ["da", "db"],
-        "dirs": [{"headers": {0: _h(10), 1: _h(13)}, "up": None}, {"headers": {1: _h(11), 2: _h(12)}, "up": None}],
+        "dirs": [{"headers": {0: _h(10), 1: _h(13), 2: _h(14)}, "up": None}, {"headers": {1: _h(11), 2: _h(12)}, "up": None}],
         "slots": [{"dir": 0, "spelling": "dotdot-link", "other": 1, "kind": "-I"},
                   {"dir": 0, "spelling": "link", "other": 0, "kind": "-isystem"}],
         "includes": ["<", '"', "<"], "edits": [("change", 1, 0, 1, 600), ("repoint", 0, 0, 0, 0)]}
