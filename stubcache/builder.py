@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 
-from . import _log, buildinputs, progress
+from . import _log, buildinputs, loadcheck, progress
 from .errors import BuildError
 from .fingerprint import torch_dir
 from .spec import FIELDS, PASS, StubSpec
@@ -69,6 +69,7 @@ def build(spec: StubSpec, build_dir: str, compiler: dict | None = None) -> Build
             probe.communicate()  # reaps it and closes its pipe (a leaked pipe per failed build)
         raise
     tracked = buildinputs.tracked_inputs(spec, build_dir, deps, started_ns, probe, compiler)
+    loadcheck.check_loads(library, spec.name)  # links but cannot load: a failed build, not an entry
     module_name = os.path.basename(library).split(".", 1)[0]
     return BuildResult(library, module_name, tracked.files, spec.build_method, time.perf_counter() - t0, out,
                        tracked.record, tracked.unstable)

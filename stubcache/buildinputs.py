@@ -11,6 +11,7 @@ import shlex
 import subprocess
 
 from . import inputs
+from .flagscan import scan
 from .fingerprint import torch_dir
 from .spec import StubSpec
 
@@ -115,6 +116,8 @@ def _compile_flags(spec: StubSpec, build_dir: str) -> list[str]:
                       "-isystem", os.path.join(tdir, "include", "torch", "csrc", "api", "include")]
         flags += ["-isystem", sysconfig.get_path("include", scheme="posix_prefix"), "-std=c++20",
                   *spec.extra_cflags]
+        # The direct path compiles and links in one command: ldflags' -I dirs search too.
+        flags += scan(spec.extra_ldflags).search
     return [f for f in flags if not f.startswith(("-Wp,-M", "-M"))]
 
 
@@ -145,6 +148,7 @@ def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: 
     except (OSError, subprocess.SubprocessError):
         search = None
     facts = compiler if compiler is not None else compiler_facts()
+    ran = compiler_that_ran(search, facts, bool(spec.tool_flags))
     pinned = inputs.pinned_prefixes([*(facts.get("own_dirs") or []), *(facts.get("stdlib_dirs") or [])],
                                     torch_dir(), sysconfig.get_path("include", scheme="posix_prefix"))
     if spec.effective_with_cuda:
@@ -153,13 +157,50 @@ def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: 
             pinned += inputs.pinned_prefixes([home], None, None)
     probes = inputs.has_include_names(spec.cpp_sources + spec.cuda_sources)
     named = inputs.files_named_by_flags(spec.extra_cflags + spec.extra_cuda_cflags + spec.extra_ldflags)
+    named += _found_in_b_dirs(scan(spec.extra_cflags, spec.extra_ldflags))
     tracked = inputs.track([*deps, *named], build_dir, pinned, search, started_ns, probes)
-    libs = inputs.library_candidates([os.path.join(build_dir, d) for d in deps], spec.extra_ldflags,
+    # The link step's -L/-l (through -Wl, too): on the direct path that is the one command.
+    link = (scan(spec.extra_cflags, spec.extra_ldflags) if spec.build_method == "direct"
+            else scan(spec.extra_ldflags))
+    libs = inputs.library_candidates([os.path.join(build_dir, d) for d in deps], link.lib_dirs, link.lib_names,
                                      os.environ.get("LIBRARY_PATH"))
     if libs:
         tracked.record["shadows"] = inputs.file_candidates(libs, pinned, tracked.record.get("shadows") or {},
                                                           started_ns, tracked.unstable)
+    if ran:
+        tracked.unstable.append(ran)
     return tracked
+
+
+def _found_in_b_dirs(found) -> list[str]:
+    """Files named relatively by flags (``-specs=my.specs``) that gcc looks up in the ``-B``
+    directories, where they exist now."""
+    bdirs, tools = [], list(found.tool_flags)
+    for i, f in enumerate(tools):
+        if f == "-B" and i + 1 < len(tools):
+            bdirs.append(tools[i + 1])
+        elif f.startswith("-B") and len(f) > 2:
+            bdirs.append(f[2:])
+    return [p for f in found.files if not os.path.isabs(f) for d in bdirs if os.path.isabs(d)
+            for p in [os.path.join(d, f)] if os.path.isfile(p)]
+
+
+def compiler_that_ran(search: inputs.SearchPath | None, facts: dict, own_tools: bool) -> str | None:
+    """A line saying which compiler answered the build's search probe (run through the same
+    ``CXX``, wrapper and environment as the build), if it is not the one the fingerprint names;
+    None when they agree or the probe did not say. A mismatch means the key was computed for
+    another compiler (a wrapper setting stubcache does not read): such a build is not published.
+    ``own_tools``: the spec's flags choose the compiler proper (``-B``), so only the version
+    line is compared."""
+    if search is None:
+        return None
+    want_cc1 = (facts.get("cc1") or {}).get("path")
+    want_version = facts.get("driver_version")
+    if search.driver_version and want_version and search.driver_version != want_version:
+        return f"the compiler that ran ({search.driver_version}), not the one the key names ({want_version})"
+    if not own_tools and search.cc1 and want_cc1 and search.cc1 != want_cc1:
+        return f"the compiler that ran ({search.cc1}), not the one the key names ({want_cc1})"
+    return None
 
 
 def _cuda_home() -> str | None:

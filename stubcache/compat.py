@@ -6,6 +6,7 @@ import os
 import sys
 from _thread import allocate_lock  # threading.Lock without importing threading (hit path)
 
+from . import kpath
 from ._lazy import lazy_module
 from .cache import Entry, StubCache
 from .fingerprint import _env_snapshot
@@ -316,7 +317,7 @@ def load(
     cuda: list[str] = []
     dirs: list[str] = []
     for src in sources:
-        path = os.path.abspath(os.fspath(src))
+        path = kpath.absolute(os.fspath(src))  # `link/../x.cpp` as the kernel reads it
         with open(path, "rb") as fh:  # bytes, as torch reads them: a source need not be UTF-8
             data = fh.read()
         # surrogateescape keeps undecodable bytes; the key and the build see the original bytes

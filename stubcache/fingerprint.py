@@ -139,8 +139,11 @@ def _sig(path: str) -> list | None:
 
 
 def _fast_memo_path(state_dir: str, env: dict) -> str:
-    ident = _json.dumps([FORMAT_VERSION, sys.executable, sys.path, os.environ.get("PATH", ""), env],
-                        separators=(",", ":"))
+    # A compiler cache's own variables (CCACHE_COMPILER, CCACHE_PREFIX, …) choose the compiler
+    # it runs: a fingerprint holds only for their values.
+    wrapper_env = sorted([(k, v) for k, v in os.environ.items() if k.startswith(("CCACHE_", "SCCACHE_", "BUILDCACHE_"))])
+    ident = _json.dumps([FORMAT_VERSION, sys.executable, sys.path, os.environ.get("PATH", ""), env]
+                        + ([wrapper_env] if wrapper_env else []), separators=(",", ":"))
     return os.path.join(state_dir, "fp-" + sha256(ident.encode("utf-8", "surrogatepass")).hexdigest()[:32]
                         + ".json")
 

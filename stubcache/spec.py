@@ -9,6 +9,8 @@ which the rest (slots, checks, JSON form, key rules, torch mapping) is derived; 
 from __future__ import annotations
 
 import os
+from . import kpath
+from .flagscan import scan
 from _collections_abc import Mapping  # collections.abc without importing collections (hit path)
 from _operator import attrgetter  # operator.attrgetter without importing operator.py (hit path)
 
@@ -31,8 +33,6 @@ _TORCH_TOKENS = ("torch::", "at::", "c10::", "TORCH_", "PYBIND11_", "py::")
 _TORCH_DIRS = ("torch/", "ATen/", "c10/", "pybind11/", "caffe2/")
 
 # Flags that make the compiler driver run another assembler or linker than its default one.
-TOOL_FLAG_PREFIXES = ("-fuse-ld=", "--ld-path=", "-B")
-
 FunctionsT = "Sequence[str] | Mapping[str, str] | str | None"
 
 
@@ -182,7 +182,9 @@ def mentions_torch(sources: Iterable[str]) -> bool:
 
 
 def _include_paths(value: Any, field: str) -> tuple[str, ...]:
-    return tuple([os.path.abspath(p) for p in _flag_list(value, field)])
+    # Absolute, but `current/../shared` kept: the compiler resolves `..` from where a symlinked
+    # `current` points, and os.path.abspath would name another directory.
+    return tuple([kpath.absolute(p) for p in _flag_list(value, field)])
 
 
 def _builder(value: Any, field: str) -> str | None:
@@ -319,7 +321,7 @@ class StubSpec:
 
     __slots__ = tuple(f.name for f in FIELDS) + (
         "_canonical",
-        "_mentions", "_host_targets", "_tool_flags",
+        "_mentions", "_host_targets", "_tool_flags", "_reads_user_files",
     )
 
     def __init__(
@@ -348,14 +350,14 @@ class StubSpec:
         for field, check, default, stored_default in _CHECKS:
             value = args[field]
             _set(self, field, stored_default if value is default else check(value, field))
-        flags = self.extra_cflags + self.extra_cuda_cflags
-        _set(self, "_host_targets", flags and tuple(
-            f for f in flags
-            if f.endswith("=native") and f.startswith(("-march=", "-mtune=", "-mcpu=", "-Xcompiler"))))
-        flags = self.extra_cflags + self.extra_ldflags
-        _set(self, "_tool_flags", flags and tuple(
-            f for i, f in enumerate(flags)
-            if f.startswith(TOOL_FLAG_PREFIXES) or (i and flags[i - 1] == "-B")))
+        # Every list that reaches a compiler or linker, scanned once (stubcache.flagscan): on
+        # the direct path compile and link are one command, so ldflags search headers too.
+        found = scan(self.extra_cflags, self.extra_cuda_cflags, self.extra_ldflags)
+        _set(self, "_host_targets", found.host_targets)
+        # The tools the C++ driver runs: nvcc's flags do not reach it.
+        _set(self, "_tool_flags", (scan(self.extra_cflags, self.extra_ldflags) if self.extra_cuda_cflags
+                                   else found).tool_flags)
+        _set(self, "_reads_user_files", found.reads_user_files)
         if builder == "direct" and not self._direct_ok():
             raise ValueError(f"stub {name!r} cannot take the direct build path: it needs torch headers, "
                              "a Python module or CUDA")
@@ -439,10 +441,7 @@ class StubSpec:
         """True when the flags name user include directories or files. Such a spec is looked up
         again on every call in a process (its headers may change); others are memoised per
         process. Either way every header a build read is part of the entry key."""
-        return bool(self.extra_include_paths) or bool(self.extra_cflags) and any(
-            f.startswith(("-I", "-isystem", "-iquote", "-idirafter", "-include", "-imacros"))
-            for f in self.extra_cflags
-        )
+        return bool(self.extra_include_paths) or self._reads_user_files
 
     def canonical(self) -> dict:
         """The spec's part of the key pre-image: plain JSON data, independent of option order."""

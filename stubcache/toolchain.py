@@ -154,6 +154,9 @@ def compiler_identity(command: str, memo: Callable) -> dict[str, Any]:
         # A wrapper finds the real compiler on PATH, so PATH is part of what this memo means.
         memo_key = (f"cc4:{command}:{found}:{path}:{st.st_size}:{st.st_mtime_ns}:{os.environ.get('PATH', '')}:"
                     f"{driver and os.path.realpath(driver)}:{dsig}:{_tool_env()}")
+        wrapper = is_wrapper(found)
+        if wrapper:  # its settings choose the compiler it runs (CCACHE_COMPILER, ccache.conf, a prefix)
+            memo_key += f":{wrapper_config()}"
 
         def compute() -> dict:
             value = _probe_compiler([found, *words[1:]])
@@ -163,6 +166,13 @@ def compiler_identity(command: str, memo: Callable) -> dict[str, Any]:
             if tool:
                 value["real"]["driver"] = tool
                 value["validators"].append([tool["path"], _sig(driver)])
+            if wrapper:
+                # A prefix command (CCACHE_PREFIX, prefix_command) runs in front of the compiler
+                # and may add flags: identified by content, like a script named by CXX.
+                prefixes = [{"path": p, "sha256": _file_sha256(p)} for p in wrapper_prefixes()]
+                if prefixes:
+                    value["real"]["wrapper_prefix"] = prefixes
+                    value["validators"] += [[p["path"], _sig(p["path"])] for p in prefixes]
             return value
 
         value = memo(memo_key, compute, valid=_real_tools_unchanged)
@@ -181,14 +191,85 @@ def _tool_env() -> list:
 
 
 WRAPPERS = ("ccache", "sccache", "buildcache")
+WRAPPER_ENV_PREFIXES = ("CCACHE_", "SCCACHE_", "BUILDCACHE_")
+
+
+def is_wrapper(found: str) -> bool:
+    """Whether the program ``found`` on ``PATH`` is a known compiler cache (or a masquerade link to one)."""
+    return os.path.basename(os.path.realpath(found)) in WRAPPERS
+
+
+def wrapper_config_files() -> list[str]:
+    """The files a compiler cache reads its settings from (ccache: ``CCACHE_CONFIGPATH``, else
+    ``$CCACHE_DIR/ccache.conf``, ``~/.ccache/ccache.conf`` or the XDG one, and the system-wide
+    file; sccache's and buildcache's config), whether or not they exist now."""
+    env = os.environ
+    home = os.path.expanduser("~")
+    xdg = env.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
+    out = [env.get("CCACHE_CONFIGPATH"), env.get("CCACHE_DIR") and os.path.join(env["CCACHE_DIR"], "ccache.conf"),
+           os.path.join(home, ".ccache", "ccache.conf"), os.path.join(xdg, "ccache", "ccache.conf"),
+           "/etc/ccache.conf", "/usr/local/etc/ccache.conf",
+           env.get("SCCACHE_CONF"), os.path.join(xdg, "sccache", "config"),
+           env.get("BUILDCACHE_DIR") and os.path.join(env["BUILDCACHE_DIR"], "config.json"),
+           os.path.join(home, ".buildcache", "config.json")]
+    return list(dict.fromkeys(p for p in out if p))
+
+
+def wrapper_config() -> list:
+    """What a compiler cache reads to choose and run the compiler: its environment variables
+    and its config files (by stat signature, absent ones too): the probe memo's validity."""
+    env = sorted((k, v) for k, v in os.environ.items() if k.startswith(WRAPPER_ENV_PREFIXES))
+    return [env, [[f, _sig(f)] for f in wrapper_config_files()]]
+
+
+def _ccache_setting(name: str, env_name: str) -> str | None:
+    """A ccache setting: the variable ``env_name``, else ``name = value`` in its config files."""
+    value = os.environ.get(env_name)
+    if value is not None:
+        return value
+    for path in wrapper_config_files():
+        if os.path.basename(path) != "ccache.conf":
+            continue
+        try:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    key, eq, val = line.partition("=")
+                    if eq and key.strip() == name:
+                        return val.strip()
+        except OSError:
+            continue
+    return None
+
+
+def wrapper_prefixes() -> list[str]:
+    """The programs ccache runs in front of the compiler (``CCACHE_PREFIX``/``prefix_command``,
+    ``CCACHE_PREFIX_CPP``/``prefix_command_cpp``: lists of words), resolved."""
+    import shlex
+
+    out = []
+    for name, env_name in (("prefix_command", "CCACHE_PREFIX"), ("prefix_command_cpp", "CCACHE_PREFIX_CPP")):
+        try:
+            words = shlex.split(_ccache_setting(name, env_name) or "")
+        except ValueError:
+            words = []
+        for w in words:
+            found = which(w)
+            if found and os.path.realpath(found) not in out:
+                out.append(os.path.realpath(found))
+    return out
 
 
 def wrapped_driver(words: list[str], found: str) -> str | None:
-    """The compiler a known wrapper will run, found the way the wrapper finds it: the next word
+    """The compiler a known wrapper will run, found the way the wrapper finds it: ccache's
+    ``compiler`` setting (``CCACHE_COMPILER``, ``compiler =`` in ccache.conf), else the next word
     of ``CXX="ccache g++"``, or for a masquerade link (``/usr/lib/ccache/c++``) the first
     program of that name on ``PATH`` that is not the wrapper itself."""
-    if os.path.basename(os.path.realpath(found)) not in WRAPPERS:
+    if not is_wrapper(found):
         return None
+    if os.path.basename(os.path.realpath(found)) == "ccache":
+        forced = _ccache_setting("compiler", "CCACHE_COMPILER")
+        if forced and forced != "auto":
+            return which(forced)
     if len(words) > 1:
         return which(words[1])
     name = os.path.basename(found)
@@ -222,7 +303,7 @@ def _run_all(cmds: list[list[str]], env: dict | None = None) -> list[str]:
             out.append(p)
             continue
         try:
-            out.append(p.communicate(timeout=60)[0].decode("utf-8", "replace"))
+            out.append(p.communicate(timeout=60)[0].decode("utf-8", "surrogateescape"))  # paths are bytes
         except subprocess.TimeoutExpired as exc:
             p.kill()
             p.communicate()
@@ -413,6 +494,8 @@ def validators(fp: dict, env: dict, tdir: str | None) -> list:
         paths += [found, fp["cxx"]["path"] or found]
     if driver:
         paths.append(driver)
+    if found and is_wrapper(found):  # its settings choose the compiler it runs
+        paths += wrapper_config_files() + wrapper_prefixes()
     for tool in (fp["cxx"].get("real") or {}).values():
         if isinstance(tool, dict) and tool.get("path"):
             paths.append(tool["path"])  # the compiler behind a wrapper, its assembler and linker

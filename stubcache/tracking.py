@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+from . import kpath
 from .inputs import _dir_sig, _recordable, signature, slack_ns
 from .store import file_sha256
 
@@ -22,11 +23,16 @@ if TYPE_CHECKING:
 class SearchPath:
     """The compiler's include search order for one command line, as it reports it (``-v``)."""
 
-    __slots__ = ("dirs", "missing")
+    __slots__ = ("dirs", "missing", "cc1", "driver_version")
 
-    def __init__(self, dirs: list[str], missing: list[str]) -> None:
+    def __init__(self, dirs: list[str], missing: list[str], cc1: str | None = None,
+                 driver_version: str | None = None) -> None:
         self.dirs = dirs  # quote-only dirs, then the <...> dirs, in search order
         self.missing = missing  # dirs the compiler ignored as nonexistent (they may appear later)
+        # Who answered, through whatever wraps CXX: the compiler proper it ran and the driver's
+        # version line (compared with the fingerprint's record of the real compiler).
+        self.cc1 = cc1
+        self.driver_version = driver_version
 
 
 def start_search_path(cmd: list[str], cwd: str | None = None) -> "subprocess.Popen":
@@ -47,7 +53,7 @@ def finish_search_path(proc: "subprocess.Popen") -> SearchPath:
         proc.kill()
         proc.communicate()
         raise
-    return parse_search_path(out.decode("utf-8", "replace"))
+    return parse_search_path(out.decode("utf-8", "surrogateescape"))  # directory names are bytes
 
 
 def search_path(cmd: list[str], cwd: str | None = None) -> SearchPath:
@@ -60,9 +66,24 @@ def parse_search_path(text: str) -> SearchPath:
     dirs: list[str] = []
     missing: list[str] = []
     inside = False
+    started = False  # the search list (or the notes before it) began: no command lines after
+    cc1 = version = None
     for line in text.splitlines():
+        if not started and line.startswith(" ") and cc1 is None:
+            import shlex
+
+            try:
+                first = shlex.split(line)[0]
+            except (ValueError, IndexError):
+                first = ""
+            if os.path.isabs(first):
+                cc1 = os.path.realpath(first)
+        elif not started and version is None and " version " in line and not line.startswith(" "):
+            version = line.strip()
+        if line.startswith(("ignoring ", "#include ")):
+            started = True
         if line.startswith("ignoring nonexistent directory"):
-            missing.append(os.path.normpath(line.split('"')[1]) if '"' in line else line.split()[-1])
+            missing.append(kpath.tidy(line.split('"')[1] if '"' in line else line.split()[-1]))
         elif line.startswith("#include ") and "search starts here" in line:
             inside = True
         elif line.startswith("End of search list"):
@@ -71,8 +92,8 @@ def parse_search_path(text: str) -> SearchPath:
             d = line.strip()
             if d.endswith(" (framework directory)"):
                 continue
-            dirs.append(os.path.normpath(d))
-    return SearchPath(dirs, missing)
+            dirs.append(kpath.tidy(d))  # as given: `link/..` is where the link points, then up
+    return SearchPath(dirs, missing, cc1, version)
 
 
 OWN_DIR_PROBES = ("-print-file-name=include", "-print-libgcc-file-name")
@@ -86,7 +107,7 @@ def compiler_dirs(cmd: list[str]) -> list[str]:
     for probe in OWN_DIR_PROBES:
         try:
             outs.append(subprocess.run([*cmd, probe], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                       check=False, timeout=60).stdout.decode("utf-8", "replace"))
+                                       check=False, timeout=60).stdout.decode("utf-8", "surrogateescape"))
         except (OSError, subprocess.SubprocessError):
             outs.append("")
     return compiler_dirs_from(outs)
@@ -117,7 +138,7 @@ def pinned_prefixes(own_dirs: list[str], torch_dir: str | None, python_include: 
         roots.append(python_include)
     out = []
     for r in roots:
-        for form in (os.path.realpath(r), os.path.normpath(r)):
+        for form in (os.path.realpath(r), kpath.tidy(r)):
             form = form.rstrip("/") + "/"
             if form not in out:
                 out.append(form)
@@ -126,43 +147,145 @@ def pinned_prefixes(own_dirs: list[str], torch_dir: str | None, python_include: 
 
 def is_pinned(path: str, pinned: list[str]) -> bool:
     """Whether ``path`` (as the compiler named it) is a file whose contents the fingerprint pins:
-    both the path itself and the file it resolves to lie under a pinned prefix. A symlink from a
-    user directory into a pinned one is not pinned: the link may be pointed elsewhere later."""
+    the file it resolves to lies under a pinned prefix, and so does the path as named. A symlink
+    from a user directory into a pinned one is not pinned: the link may be pointed elsewhere
+    later. A path with ``..`` steps (clang names ``<gcc dir>/../../../../include/c++/12``) is
+    pinned when its resolved form is and no step before the last ``..`` is a symlink outside a
+    pinned directory: the kernel resolves ``..`` from where such a link points, not on paper."""
     real = os.path.realpath(path).rstrip("/") + "/"  # a directory matches its own prefix
-    lexical = os.path.normpath(path).rstrip("/") + "/"
-    return any(real.startswith(p) for p in pinned) and any(lexical.startswith(p) for p in pinned)
+    if not any(real.startswith(p) for p in pinned):
+        return False
+    lexical = kpath.tidy(path).rstrip("/") + "/"
+    if not kpath.has_dotdot(lexical):
+        return any(lexical.startswith(p) for p in pinned)
+    parts = lexical.strip("/").split("/")
+    last = len(parts) - 1 - parts[::-1].index("..")
+    prefix = ""
+    for part in parts[:last]:
+        prefix += "/" + part
+        if part != ".." and os.path.islink(prefix):
+            where = os.path.realpath(os.path.dirname(prefix)).rstrip("/") + "/"
+            if not any(where.startswith(p) for p in pinned):
+                return False
+    return True
+
+
+# What a dependency file cannot say: a name holding a line break, or ending in a backslash
+# (gcc writes ``a\ b`` both for a name "a\" followed by the separator and for "a b"). Such a build is never published:
+# the file the compiler read cannot be named, so it cannot be tracked.
+UNEXPRESSED = "<a file whose name the dependency output cannot express>"
 
 
 def parse_depfile(path: str) -> list[str]:
-    """The prerequisites named in a make-style dependency file (escaped spaces handled)."""
+    """The prerequisites named in a dependency file: make syntax as gcc and GNU as write it
+    (``\\ `` and ``\\#`` escapes, ``$$``, backslash-newline continuations), or the one-name-a-line
+    layout that ld (raw names) and lld (make escapes) write with ``--dependency-file``. A name the
+    file cannot express unambiguously comes back as :data:`UNEXPRESSED`."""
     try:
-        with open(path, encoding="utf-8", errors="surrogateescape") as fh:
-            text = fh.read()
+        with open(path, "rb") as fh:
+            text = fh.read().decode("utf-8", "surrogateescape")  # names are bytes: keep them
     except OSError:
         return []
-    text = text.replace("\\\n", " ")
-    out: list[str] = []
-    for line in text.splitlines():
-        if ":" not in line:
+    if not text:
+        return []
+    if "\n\n" in text and _is_linker_layout(text):
+        return _parse_linker_depfile(text, os.path.dirname(path))
+    return _parse_make_depfile(text)
+
+
+def _first_line(text: str) -> str:
+    return text.split("\n", 1)[0]
+
+
+def _is_linker_layout(text: str) -> bool:
+    """ld's and lld's layout: ``target:`` then `` \\\n  name`` per input, a blank line, phonies."""
+    return _first_line(text).endswith(": \\") and text.split("\n", 2)[1].startswith("  ")
+
+
+def _parse_linker_depfile(text: str, base: str) -> list[str]:
+    head, _, rest = text.partition(": \\\n  ")
+    block, sep, phonies = ("  " + rest).partition("\n\n")
+    names = block[2:].split(" \\\n  ")
+    # Each input again as a phony target: the two lists agree unless a name held a line break.
+    if not sep or "\n" + phonies != "".join(f"\n{n}:\n" for n in names) or any("\n" in n for n in names):
+        return [UNEXPRESSED]
+    out = []
+    for raw in names:
+        escaped = _make_words(raw)
+        cooked = escaped[0] if len(escaped) == 1 else None
+        if cooked is None or cooked == raw:
+            out.append(raw)  # ld writes names as they are
             continue
-        _, rest = line.split(":", 1)
-        token = ""
-        i = 0
-        while i < len(rest):
-            c = rest[i]
-            if c == "\\" and i + 1 < len(rest) and rest[i + 1] in " #":
-                token += rest[i + 1]
-                i += 2
+        # lld escapes like make, ld.bfd does not: the spelling that names an existing file.
+        there = [n for n in (raw, cooked) if os.path.lexists(os.path.join(base, n))]
+        out.append(there[0] if len(there) == 1 else UNEXPRESSED)
+    return out
+
+
+def _parse_make_depfile(text: str) -> list[str]:
+    # gcc writes one rule; a line break inside a name shows as a second line that is no rule.
+    joined = text.replace("\\\n", " ")
+    lines = [ln for ln in joined.split("\n") if ln.strip()]
+    out: list[str] = []
+    for line in lines:
+        target, colon, rest = line.partition(": ")
+        if not colon:
+            if line.endswith(":") and len(lines) > 1:
+                continue  # a phony target (-MP)
+            return [UNEXPRESSED]
+        words = _make_words(rest)
+        if words is None:
+            return [UNEXPRESSED]
+        out += words
+    return out
+
+
+def _make_words(text: str) -> list[str] | None:
+    """Split make prerequisites, undoing gcc's escapes (see libcpp's ``munge``): 2N+1
+    backslashes and a blank are N backslashes and the blank, 2N and a blank end a word after N;
+    ``\\#`` is ``#``; ``$$`` is ``$``; any other backslash is itself. None where a name ends in a
+    backslash (gcc leaves it undoubled: ambiguous)."""
+    out: list[str] = []
+    token: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\\":
+            j = i
+            while j < n and text[j] == "\\":
+                j += 1
+            run = j - i
+            nxt = text[j] if j < n else ""
+            if nxt in (" ", "\t"):
+                token.append("\\" * (run // 2))
+                if run % 2:
+                    token.append(nxt)
+                else:
+                    return None  # a name ending in backslashes: what gcc wrote is ambiguous
+                i = j + 1
                 continue
-            if c.isspace():
-                if token:
-                    out.append(token)
-                token = ""
-            else:
-                token += c
-            i += 1
-        if token:
-            out.append(token)
+            if nxt == "#":
+                token.append("\\" * (run - 1) + "#")
+                i = j + 1
+                continue
+            if nxt == "":
+                return None
+            token.append("\\" * run)
+            i = j
+            continue
+        if c == "$" and i + 1 < n and text[i + 1] == "$":
+            token.append("$")
+            i += 2
+            continue
+        if c in " \t":
+            if token:
+                out.append("".join(token))
+                token = []
+        else:
+            token.append(c)
+        i += 1
+    if token:
+        out.append("".join(token))
     return out
 
 
@@ -197,7 +320,7 @@ def has_include_names(texts: Iterable[str]) -> list[str]:
         if "__has_include" not in text:
             continue
         for quoted, angled in _HAS_INCLUDE.findall(text):
-            name = os.path.normpath(quoted or angled)
+            name = kpath.tidy(quoted or angled)
             if name not in out:
                 out.append(name)
     return out
@@ -206,7 +329,7 @@ def has_include_names(texts: Iterable[str]) -> list[str]:
 def quoted_include_names(text: str) -> list[str]:
     """The names of the ``#include "name"`` lines in a header's text."""
     has_include_names(())  # compiles the patterns
-    return [os.path.normpath(n) for n in _QUOTED.findall(text)] if '"' in text else []
+    return [kpath.tidy(n) for n in _QUOTED.findall(text)] if '"' in text else []
 
 
 def track(deps: Iterable[str], build_dir: str, pinned: list[str], search: SearchPath | None,
@@ -272,7 +395,12 @@ def track(deps: Iterable[str], build_dir: str, pinned: list[str], search: Search
                 beside.setdefault(os.path.dirname(path), set()).add(name)
 
     for dep in deps:
-        add(os.path.normpath(os.path.join(build_dir, dep)))
+        if dep == UNEXPRESSED:
+            unstable.append(dep)  # read by the build, but under a name that cannot be tracked
+            continue
+        # As the compiler named it, never collapsed on paper: `link/../x.h` is the x.h beside
+        # the link's target, which the kernel opens again on every check.
+        add(kpath.tidy(os.path.join(build_dir, dep)))
     absent_names: list[str] = []
     for name in probes:  # may grow while headers found here are scanned
         found = _resolve_probe(name, search)
@@ -282,6 +410,7 @@ def track(deps: Iterable[str], build_dir: str, pinned: list[str], search: Search
             add(found, probe=True)
     record: dict = {"sigs": sigs}
     if search is not None:
+        record["search"] = search.dirs  # the search order, as the compiler named its directories
         record["shadows"] = shadow_candidates(headers + pinned_headers, search, pinned, absent_names, beside,
                                               started_ns, unstable)
     return Tracked(files, record, unstable)
@@ -289,7 +418,7 @@ def track(deps: Iterable[str], build_dir: str, pinned: list[str], search: Search
 
 def _read_text(path: str) -> str:
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
+        with open(path, encoding="utf-8", errors="surrogateescape") as fh:  # names are bytes
             return fh.read()
     except OSError:
         return ""
@@ -383,7 +512,7 @@ def file_candidates(cands: Iterable[str], pinned: list[str] = (), out: dict | No
             anc = os.path.dirname(anc)
         if not unpinned(anc):
             continue  # inside a pinned directory (a nested search dir's spelling): pinned too
-        rel = os.path.relpath(c, anc)
+        rel = c[len(anc.rstrip("/")) + 1:]  # c lies under anc as spelled (no relpath: it collapses `..`)
         first = rel.split(os.sep, 1)[0]
         if not os.path.lexists(os.path.join(anc, first)):
             rel = first  # nothing under it can appear unless this name does
@@ -425,29 +554,17 @@ def files_named_by_flags(flags: Iterable[str]) -> list[str]:
     return out
 
 
-def library_candidates(deps: Iterable[str], ldflags: Iterable[str], library_path: str | None) -> list[str]:
+def library_candidates(deps: Iterable[str], lib_dirs: Iterable[str], lib_names: Iterable[str],
+                       library_path: str | None) -> list[str]:
     """Paths where a new file would change what ``-lNAME`` links: for each library the linker
-    read from a directory of the ``-L`` list (then ``LIBRARY_PATH``), ``libNAME.so`` and
-    ``libNAME.a`` in every directory searched before it, and ``libNAME.so`` beside a chosen
-    ``libNAME.a`` (the linker prefers the shared one in one directory). A library found in a
-    default directory of the linker is shadowed by the whole list."""
-    dirs: list[str] = []
-    names: list[str] = []
-    flags = list(ldflags)
-    i = 0
-    while i < len(flags):
-        f = flags[i]
-        if f in ("-L", "-l") and i + 1 < len(flags):
-            (dirs if f == "-L" else names).append(flags[i + 1])
-            i += 2
-            continue
-        if f.startswith("-L") and len(f) > 2:
-            dirs.append(f[2:])
-        elif f.startswith("-l") and len(f) > 2:
-            names.append(f[2:])
-        i += 1
-    dirs = [os.path.normpath(d) for d in dirs if os.path.isabs(d)]
-    dirs += [os.path.normpath(d) for d in (library_path or "").split(":") if os.path.isabs(d)]
+    read from a directory of the ``-L`` list (``lib_dirs``, given to the driver or through
+    ``-Wl,``, in order; then ``LIBRARY_PATH``), ``libNAME.so`` and ``libNAME.a`` in every
+    directory searched before it, and ``libNAME.so`` beside a chosen ``libNAME.a`` (the linker
+    prefers the shared one in one directory). A library found in a default directory of the
+    linker is shadowed by the whole list. ``lib_names``: the ``NAME`` of each ``-lNAME``."""
+    names = list(lib_names)
+    dirs = [kpath.tidy(d) for d in lib_dirs if os.path.isabs(d)]
+    dirs += [kpath.tidy(d) for d in (library_path or "").split(":") if os.path.isabs(d)]
     wanted = {}
     for n in names:
         files = [n[1:]] if n.startswith(":") else [f"lib{n}.so", f"lib{n}.a"]
@@ -459,7 +576,7 @@ def library_candidates(deps: Iterable[str], ldflags: Iterable[str], library_path
         files = wanted.get(base)
         if files is None:
             continue
-        where = os.path.dirname(os.path.normpath(dep))
+        where = os.path.dirname(kpath.tidy(dep))
         before = dirs[:dirs.index(where)] if where in dirs else dirs
         out += [os.path.join(d, f) for d in before for f in files]
         if base.endswith(".a") and files[0].endswith(".so"):
