@@ -28,7 +28,7 @@ class SearchPath:
     def __init__(self, dirs: list[str], missing: list[str], cc1: str | None = None,
                  driver_version: str | None = None) -> None:
         self.dirs = dirs  # quote-only dirs, then the <...> dirs, in search order
-        self.missing = missing  # dirs the compiler ignored as nonexistent (they may appear later)
+        self.missing = missing  # dirs the compiler ignored (nonexistent or duplicate): they may count later
         # Who answered, through whatever wraps CXX: the compiler proper it ran and the driver's
         # version line (compared with the fingerprint's record of the real compiler).
         self.cc1 = cc1
@@ -82,7 +82,9 @@ def parse_search_path(text: str) -> SearchPath:
             version = line.strip()
         if line.startswith(("ignoring ", "#include ")):
             started = True
-        if line.startswith("ignoring nonexistent directory"):
+        if line.startswith(("ignoring nonexistent directory", "ignoring duplicate directory")):
+            # A duplicate (same inode as a directory searched) is searched again once a symlink
+            # in its spelling is re-pointed: like a missing one, its candidates are recorded.
             missing.append(kpath.tidy(line.split('"')[1] if '"' in line else line.split()[-1]))
         elif line.startswith("#include ") and "search starts here" in line:
             inside = True

@@ -243,9 +243,21 @@ FOUND_NON_UTF8_DIR = {
     "includes": ['"', '"', '"'], "edits": [("change", 0, 0, 0, 200), ("create", 1, 0, 2, 200)]}
 
 
+# Found next: two spellings of one directory (gcc ignores the second as a duplicate), then a
+# symlink in the second re-pointed: it is searched again, and `"../up.h"` resolves there.
+FOUND_DUPLICATE_DIR = {
+    "names": ["d:", "d  \u20ac"],
+    "dirs": [{"headers": {}, "up": 1}, {"headers": {0: _h(2, up=True), 1: _h(3, up=True), 2: _h(4, up=True)},
+                                        "up": None}],
+    "slots": [{"dir": 0, "spelling": "dotdot-link", "other": 1, "kind": "-I"},
+              {"dir": 0, "spelling": "dotdot-link", "other": 1, "kind": "-I"}],
+    "includes": ['"', '"', '"'], "edits": [("change", 0, 0, 0, 200), ("repoint", 0, 0, 0, 201)]}
+
+
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=not LONG, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @example(world=TRAP)
+@example(world=FOUND_DUPLICATE_DIR)
 @example(world=FOUND_NON_UTF8_DIR)
 @given(world=worlds())
 def test_what_loads_is_what_a_bare_build_gives_now(world):
