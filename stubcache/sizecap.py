@@ -64,13 +64,9 @@ def root_settings(root: str) -> dict[str, Any]:
 
 
 def env_max_size() -> int | None:
-    raw = os.environ.get(ENV_MAX_SIZE, "").strip()
-    if not raw:
-        return None
-    try:
-        return _size(raw)
-    except ValueError as exc:
-        raise ValueError(f"{ENV_MAX_SIZE}: {exc}") from None
+    from .settings import max_size
+
+    return max_size()
 
 
 def configured_max_size(root: str) -> int | None:
