@@ -145,6 +145,9 @@ class StubCache:
 
     def __init__(self, root: str | os.PathLike | None = None, *, lock_timeout: float | None = None,
                  seeds: list[str] | None = None) -> None:
+        from .settings import validate
+
+        validate()  # every STUBCACHE_* setting: a bad one raises SettingsError now, not on a miss
         root = os.path.abspath(os.fspath(root) if root is not None else default_root())
         self._policies: dict[str, TrustPolicy] = {}
         self._untrusted: dict[str, UntrustedRoot] = {}

@@ -84,6 +84,10 @@ def check_root(root: str) -> list[Check]:
     if not os.path.lexists(root):
         out.append(Check("root", "ok", f"{root} does not exist yet; it is created (mode 0700) on first use"))
         return out
+    if not os.path.isdir(root):
+        kind = "a file" if os.path.isfile(root) else "not a directory"
+        return [Check("root", "error", f"{root} is {kind}, not a directory: nothing can be cached there",
+                      "point STUBCACHE_DIR (or --cache-dir) at a directory, or remove the file")]
     from .trust import UntrustedRoot, loader_policy
 
     try:
@@ -302,16 +306,18 @@ def check_toolchain(root: str) -> list[Check]:
 
 
 def check_environment() -> list[Check]:
-    """Settings read from the environment."""
-    from .locking import lock_timeout_from_env
+    """Settings read from the environment: every malformed one is an error."""
+    from .settings import SettingsError, lock_timeout, problems
 
     out: list[Check] = []
-    try:
-        timeout = lock_timeout_from_env()
-        out.append(Check("lock timeout", "ok", f"{timeout:g}s (STUBCACHE_LOCK_TIMEOUT)"))
-    except ValueError as exc:
-        out.append(Check("lock timeout", "error", str(exc), "set STUBCACHE_LOCK_TIMEOUT to a number of seconds"))
-    if os.environ.get("STUBCACHE_REQUIRE_HIT", "").strip().lower() in ("1", "true", "yes", "on"):
+    bad = [e for e in problems() if isinstance(e, SettingsError)]
+    for exc in bad:
+        name = getattr(exc, "name", "remote")
+        out.append(Check("setting", "error", str(exc), f"fix or unset {name}"))
+    if not any(getattr(e, "name", "") == "STUBCACHE_LOCK_TIMEOUT" for e in bad):
+        out.append(Check("lock timeout", "ok", f"{lock_timeout():g}s (STUBCACHE_LOCK_TIMEOUT)"))
+    if not any(getattr(e, "name", "") == "STUBCACHE_REQUIRE_HIT" for e in bad) and \
+            os.environ.get("STUBCACHE_REQUIRE_HIT", "").strip().lower() in ("1", "true", "yes", "on"):
         out.append(Check("require hit", "ok", "STUBCACHE_REQUIRE_HIT is set: a miss raises instead of building"))
     return out
 
@@ -321,6 +327,8 @@ def check_writable(root: str) -> list[Check]:
     (nothing is shared, every process compiles)."""
     fix = "use a directory you can write (--cache-dir or STUBCACHE_DIR), or fix its permissions"
     target = root
+    if os.path.lexists(root) and not os.path.isdir(root):
+        return []  # check_root says what is wrong: it is not a directory
     if not os.path.lexists(root):
         target = _existing_ancestor(root)
         if not os.path.isdir(target):

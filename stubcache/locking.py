@@ -44,17 +44,11 @@ NOTICE_AFTER = 5.0
 
 
 def lock_timeout_from_env() -> float:
-    """``STUBCACHE_LOCK_TIMEOUT`` in seconds (default 600); a bad value is an error."""
-    raw = os.environ.get("STUBCACHE_LOCK_TIMEOUT")
-    if raw is None or raw == "":
-        return DEFAULT_LOCK_TIMEOUT
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"STUBCACHE_LOCK_TIMEOUT must be a number of seconds, got {raw!r}") from None
-    if value < 0:
-        raise ValueError(f"STUBCACHE_LOCK_TIMEOUT must be >= 0, got {raw!r}")
-    return value
+    """``STUBCACHE_LOCK_TIMEOUT`` in seconds (default 600); a bad value raises
+    :class:`~stubcache.settings.SettingsError` (a ``ValueError``)."""
+    from .settings import lock_timeout
+
+    return lock_timeout()
 
 
 # --- lock files ------------------------------------------------------------------------------

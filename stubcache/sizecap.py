@@ -97,10 +97,11 @@ def env_cap() -> CapSetting:
     raw = os.environ.get(ENV_MAX_SIZE, "").strip()
     if not raw:
         return CapSetting()
-    try:
-        return CapSetting(True, _size(raw))
-    except ValueError as exc:
-        raise ValueError(f"{ENV_MAX_SIZE}: {exc}") from None
+    if raw.lower() == NO_CAP:
+        return CapSetting(True, None)
+    from .settings import max_size  # the one reader of the variable: its SettingsError names it
+
+    return CapSetting(True, max_size())
 
 
 def env_max_size() -> int | None:

@@ -7,7 +7,7 @@ import re
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _SIZE_RE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(?:i?b)?\s*\Z", re.I)
 
-_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "": 1}
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "": 1}  # "": only for 0
 _DURATION_RE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhdw]?)\s*\Z", re.I)
 
 
@@ -26,10 +26,14 @@ def parse_size(text: str) -> int:
 
 
 def parse_duration(text: str) -> float:
-    """Seconds in ``text``: ``45s``, ``90m``, ``12h``, ``14d``, ``2w`` (a bare number is seconds)."""
+    """Seconds in ``text``: ``45s``, ``90m``, ``12h``, ``14d``, ``2w``. A bare number other than 0
+    is refused: ``14`` is far more often a forgotten ``d`` than 14 seconds."""
     m = _DURATION_RE.match(text)
     if not m:
         raise ValueError(f"bad duration {text!r}: use a number with s, m, h, d or w (e.g. 14d)")
+    if not m.group(2) and float(m.group(1)) != 0:
+        n = m.group(1)
+        raise ValueError(f"bad duration {text!r}: give a unit, e.g. {n}d, {n}h, {n}m or {n}s")
     return float(m.group(1)) * _DURATION_UNITS[m.group(2).lower()]
 
 

@@ -23,7 +23,9 @@ from .test_cli_support import build_real, cli_json, run_cli
 
 def test_units_and_filters():
     assert parse_size("2G") == 2 << 30 and parse_size("1.5K") == 1536 and parse_size("10MiB") == 10 << 20
-    assert parse_duration("14d") == 14 * 86400 and parse_duration("90m") == 5400 and parse_duration("5") == 5
+    assert parse_duration("14d") == 14 * 86400 and parse_duration("90m") == 5400 and parse_duration("0") == 0
+    with pytest.raises(ValueError, match="give a unit"):
+        parse_duration("5")  # a bare number is a forgotten unit (issue 20 item 1)
     with pytest.raises(ValueError):
         parse_size("lots")
     now = 1_000_000.0

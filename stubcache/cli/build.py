@@ -63,7 +63,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.cache_dir:
         os.environ["STUBCACHE_DIR"] = os.path.abspath(args.cache_dir)
     if args.env:
-        for k, v in run_environment().items():
+        env = run_environment()
+        if args.cache_dir:  # `run -- CMD` passes it: the service file needs it too
+            env = {"STUBCACHE_DIR": os.environ["STUBCACHE_DIR"], **env}
+        for k, v in env.items():
             out(f"export {k}={shlex.quote(v)}")
         return EXIT_OK
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd

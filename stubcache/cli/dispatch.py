@@ -14,6 +14,26 @@ from .parser import build_parser
 _SIGNED_VALUE_OPTIONS = ("--max-size", "--older-than", "--quarantine-age")
 
 
+def _settings_problem(args) -> int | None:
+    """Check every setting once at start: a malformed STUBCACHE_* variable (exit 2) or a root
+    that is a file (exit 1: nothing can work) ends here with one line, before any command runs."""
+    from ..settings import root_path_problem, validate
+    from .common import root
+    from .exits import EXIT_PROBLEMS, error
+
+    rc = run_command(lambda: validate() or 0)
+    if rc:
+        return rc
+    if args.command in ("dir", "run") or getattr(args, "dir", None):  # `dir` prints the path; `run` hands it to its command
+        return None
+    source = "--cache-dir" if getattr(args, "cache_dir", None) else "STUBCACHE_DIR"
+    problem = root_path_problem(root(args), source)
+    if problem is not None:
+        error(problem)
+        return EXIT_PROBLEMS
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``stubcache`` console script; returns the exit code."""
     parser = build_parser()
@@ -27,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     _log.log_to_stderr("ERROR" if args.quiet else "DEBUG" if args.verbose > 1 else "WARNING")
+    if args.command != "doctor":  # doctor reports every malformed setting itself
+        bad = _settings_problem(args)
+        if bad is not None:
+            return bad
     module, func = args.handler.split(":")
     # __import__ rather than importlib.import_module: the same import, but one that
     # `python -X importtime` reports, so the cost of each command group stays visible

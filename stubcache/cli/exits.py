@@ -12,6 +12,7 @@ EXIT_PROBLEMS = 1
 EXIT_USAGE = 2
 EXIT_ABORTED = 3
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # the reader went away (`stubcache ls | head -1`): 128 + SIGPIPE, as a shell reports
 EXIT_NOT_RUN = 127  # `run`: the command could not be started (as a shell says)
 
 
@@ -55,9 +56,23 @@ def run_command(command: Callable[[], int]) -> int:
     """Run one command; its return value is the exit code, and each exception it raises maps to
     one code here, with a one-line message instead of a traceback."""
     from ..errors import StubCacheError
+    from ..settings import SettingsError
 
     try:
         return command()
+    except BrokenPipeError:
+        # quiet, as other Unix tools: point stdout at /dev/null so the exit-time flush is silent
+        import os
+
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return EXIT_BROKEN_PIPE
+    except SettingsError as exc:
+        error(str(exc))
+        return EXIT_USAGE
     except CommandError as exc:
         error(str(exc))
         return exc.exit_code
@@ -65,8 +80,7 @@ def run_command(command: Callable[[], int]) -> int:
         error("interrupted")
         return EXIT_INTERRUPTED
     except (StubCacheError, OSError) as exc:
-        # A hostile or broken root gets a one-line message, never a traceback. (This includes
-        # BrokenPipeError: `stubcache ls | head -1` on a long listing says so and exits 1.)
+        # A hostile or broken root gets a one-line message, never a traceback.
         from ..fsroot import printable
 
         error(printable(exc, 2000))

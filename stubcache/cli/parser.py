@@ -41,14 +41,14 @@ environment:
   STUBCACHE_DIR            cache root (default: the platform cache directory, see `stubcache dir`)
   STUBCACHE_MAX_SIZE       size cap kept after each publish (default 2G; e.g. 10G, or off for
                            none); also `stubcache config`
-  STUBCACHE_LOCK_TIMEOUT   seconds to wait for another process's build (default 600), then
-                           build privately
+  STUBCACHE_LOCK_TIMEOUT   seconds (or a duration: 10m) to wait for another process's build
+                           (default 600), then build privately
   STUBCACHE_SEED_DIRS      read-only caches searched first (':'-separated), e.g. baked into an image
   STUBCACHE_REQUIRE_HIT    1: fail (CacheMissError) instead of compiling on a miss
   STUBCACHE_TRUSTED_ROOTS  roots owned by others that you trust (':'-separated)
   STUBCACHE_PATCH_TORCH    set by `stubcache run`: patch torch's loaders at start-up
   STUBCACHE_REMOTE, STUBCACHE_REMOTE_MODE, STUBCACHE_REMOTE_SECRET, STUBCACHE_REMOTE_TIMEOUT,
-  STUBCACHE_REMOTE_INSECURE  the optional fleet-wide remote tier
+  STUBCACHE_REMOTE_INSECURE, STUBCACHE_REMOTE_LEASE  the optional fleet-wide remote tier
   CXX                      the compiler (default c++), part of every key
 
 exit codes:
@@ -56,10 +56,12 @@ exit codes:
   1    the command ran and found problems (verify: bad entries; doctor: errors; warm: a build
        failed or could not be stored; prune/clear: a removal failed; rm: a named entry was
        not removed, e.g. in use)
-  2    usage error (bad option, bad size or filter, unreadable spec file, unknown key)
+  2    usage error (bad option, bad size, duration or filter, a malformed STUBCACHE_* setting,
+       unreadable spec file, unknown key)
   3    not confirmed (answered no, or no terminal and no --yes)
   127  run: the command could not be started
   130  interrupted
+  141  the output's reader went away (`stubcache ls | head -1`): quiet, as other tools
 
 More in docs/cli.md.
 """
@@ -73,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _globals(parser, sub=False)
+    from .. import __version__
+
+    parser.add_argument("--version", action="version", version=f"stubcache {__version__}")
     subs = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     def add(name: str, handler: str, help_: str) -> argparse.ArgumentParser:
