@@ -27,11 +27,14 @@ print(f"{sys.argv[1]:>5}: {dt * 1000:7.1f} ms  (import + get_or_build + dlopen; 
 
 
 def main() -> None:
-    root = os.environ.get("STUBCACHE_DIR") or tempfile.mkdtemp(prefix="stubcache-quickstart-")
-    env = dict(os.environ, STUBCACHE_DIR=root)
-    print(f"cache root: {root}")
-    for label in ("cold", "warm"):
-        subprocess.run([sys.executable, "-c", CHILD, label], env=env, check=True)
+    given = os.environ.get("STUBCACHE_DIR")
+    # A scratch root unless one was given; it is removed at the end, so runs leave nothing behind.
+    with tempfile.TemporaryDirectory(prefix="stubcache-quickstart-") as scratch:
+        root = given or os.path.join(scratch, "cache")
+        env = dict(os.environ, STUBCACHE_DIR=root)
+        print(f"cache root: {root}" + ("" if given else " (removed at exit)"))
+        for label in ("cold", "warm"):
+            subprocess.run([sys.executable, "-c", CHILD, label], env=env, check=True)
 
 
 if __name__ == "__main__":

@@ -8,22 +8,35 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 import stubcache
 
-from . import CudaUnavailableError, KvArena, load_stub
+from . import ArenaError, KvArena, load_stub
 
 MiB = 1 << 20
+
+
+def _positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (a zero-sized tensor or reservation has
+    nothing to show), so bad sizes end in argparse's one-line usage error."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kvarena.demo", description=__doc__.splitlines()[0])
     ap.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
-    ap.add_argument("--reserve-mib", type=int, default=1024, help="address space to reserve")
-    ap.add_argument("--tokens", type=int, default=4096)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--heads", type=int, default=8)
-    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--reserve-mib", type=_positive, default=1024, help="address space to reserve")
+    ap.add_argument("--tokens", type=_positive, default=4096)
+    ap.add_argument("--layers", type=_positive, default=4)
+    ap.add_argument("--heads", type=_positive, default=8)
+    ap.add_argument("--head-dim", type=_positive, default=128)
     args = ap.parse_args(argv)
 
     t0 = time.perf_counter()
@@ -57,12 +70,16 @@ def main(argv: list[str] | None = None) -> int:
     for s in shape:
         nbytes *= s
     print(f"torch          {torch.__version__} (cuda available: {torch.cuda.is_available()})")
-    t2 = time.perf_counter()
     try:
-        arena = KvArena(args.reserve_mib * MiB, device=device)
-    except CudaUnavailableError as exc:
+        return _run_arena(args, device, shape, dtype, nbytes)
+    except ArenaError as exc:  # e.g. the tensor does not fit the reservation: say so, no traceback
         print(f"error          {exc}")
         return 2
+
+
+def _run_arena(args: argparse.Namespace, device: str, shape: tuple[int, ...], dtype: Any, nbytes: int) -> int:
+    t2 = time.perf_counter()
+    arena = KvArena(args.reserve_mib * MiB, device=device)
     with arena:
         print(f"arena          {arena.device}: reserved {arena.reserved / MiB:.0f} MiB at {arena.base:#x}, "
               f"granularity {arena.granularity} B, slot {arena.slot} ({arena.alloc_fn_name}/{arena.free_fn_name}) "

@@ -146,8 +146,11 @@ def run_as(user: str, code: str, env: dict) -> subprocess.CompletedProcess:
         import stubcache, stubcache.builder, stubcache.locking, stubcache.shared, stubcache.store
         import stubcache.toolchain, stubcache.compat, stubcache.patch, stubcache.progress, stubcache._faults
         import fcntl, ctypes, subprocess, tempfile, shutil, json, logging, sysconfig, hashlib, threading, re
-        import glob, shlex, inspect, atexit, errno, signal, traceback, argparse
-        import stubcache.cli, stubcache.verify, stubcache.scan, stubcache.prune, stubcache.stats, stubcache.units
+        import glob, shlex, inspect, atexit, errno, signal, traceback, argparse, locale, gettext, dataclasses
+        import importlib, pkgutil
+        for m in pkgutil.walk_packages(stubcache.__path__, "stubcache."):  # every module a command may reach
+            if not m.name.endswith("__main__"):
+                importlib.import_module(m.name)
         sysconfig.get_path("include", scheme="posix_prefix"); stubcache.fingerprint.torch_dir()
         pw = pwd.getpwnam({user!r})
         groups = sorted({{g.gr_gid for g in grp.getgrall() if pw.pw_name in g.gr_mem}} | {{pw.pw_gid}})

@@ -1,0 +1,69 @@
+"""A new user's first hour (issue 20 items 8 and 9): what the README and the demo show ends in a
+clear line, never a traceback, and leaves nothing behind; real processes throughout."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import stubcache
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": ROOT, **extra}
+
+
+def _published_root(tmp_path) -> str:
+    root = str(tmp_path / "root")
+    cache = stubcache.StubCache(root)
+    for i in range(3):
+        cache.get_or_build(stubcache.StubSpec(f"first_hour_{i}", f'extern "C" int f{i}(void) {{ return {i}; }}'))
+    return root
+
+
+@pytest.mark.parametrize("args", [["ls", "-v"], ["ls", "--format", "csv"], ["stats"]])
+def test_a_reader_that_went_away_ends_the_command_quietly(tmp_path, cache_root, args):
+    """``stubcache ls -v | head -1``: the reader closes the pipe before the command writes. The
+    command ends without a message (141, as a shell reports SIGPIPE), not with 'Broken pipe'."""
+    root = _published_root(tmp_path)
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first write: every write gets EPIPE
+    try:
+        proc = subprocess.run([sys.executable, "-m", "stubcache", "--cache-dir", root, *args], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, env=_env(), timeout=120)
+    finally:
+        os.close(write_end)
+    assert proc.stderr == "", proc.stderr
+    assert proc.returncode == 141
+
+
+@pytest.mark.torch  # the demo imports torch for its tensor
+@pytest.mark.parametrize("args,message", [
+    (["--reserve-mib", "1"], "exceeds the reservation"),
+    (["--tokens", "0"], "argument --tokens: '0' must be at least 1"),
+    (["--reserve-mib", "lots"], "argument --reserve-mib: 'lots' is not a whole number"),
+])
+def test_kvarena_demo_bad_sizes_are_one_clear_error(tmp_path, cache_root, args, message):
+    proc = subprocess.run([sys.executable, "-m", "kvarena.demo", "--device", "cpu", *args], capture_output=True,
+                          text=True, env=_env(), timeout=300)
+    out = proc.stdout + proc.stderr
+    assert "Traceback" not in out, out
+    assert proc.returncode == 2, out
+    assert message in out, out
+
+
+def test_quickstart_leaves_no_scratch_root_behind(tmp_path, monkeypatch):
+    """Without STUBCACHE_DIR the quickstart uses a scratch root and removes it at exit."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {k: v for k, v in _env(TMPDIR=str(tmp)).items() if k != "STUBCACHE_DIR"}
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "quickstart.py")], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "cold:" in proc.stdout and "warm:" in proc.stdout and "(removed at exit)" in proc.stdout
+    assert list(tmp.iterdir()) == []
