@@ -50,10 +50,11 @@ class Entry:
     """A published (or privately built) stub: ``key``, ``path`` of the library, ``manifest``.
 
     ``published`` is False for a private build (lock timeout, unwritable root); ``seed`` is True
-    for an entry served from a read-only ``STUBCACHE_SEED_DIRS`` store.
+    for an entry served from a read-only ``STUBCACHE_SEED_DIRS`` store; ``fetched`` is True when
+    this process downloaded it from the fleet tier and published it here (no local compile).
     """
 
-    __slots__ = ("key", "path", "manifest", "published", "seed", "root")
+    __slots__ = ("key", "path", "manifest", "published", "seed", "root", "fetched")
 
     def __init__(self, key: str, path: str, manifest: Manifest, published: bool = True, seed: bool = False,
                  root: str | None = None) -> None:
@@ -63,6 +64,7 @@ class Entry:
         self.published = published
         self.seed = seed
         self.root = root  # the store it came from (its trust policy applies); None: private build
+        self.fetched = False
 
     def __repr__(self) -> str:
         return f"Entry(key={self.key!r}, path={self.path!r})"
@@ -795,7 +797,9 @@ class StubCache:
             with fsroot.Dir(staged_entry) as efd:
                 locking.write_file(efd, manifest.library, fetched.library, mode=0o600, exclusive=True)
             self._publish(staged_entry, manifest)
-            return self._look_up_published(spec, base, manifest.key)  # verifies the published copy again
+            entry = self._look_up_published(spec, base, manifest.key)  # verifies the published copy again
+            entry.fetched = True
+            return entry
         finally:
             self.store.rmtree(staging)
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+import stubcache
 from stubcache.remote.blob import encode, split
 from stubcache.remote.config import RemoteConfigError, config_from_env
 
@@ -574,3 +575,24 @@ def test_rediss_tls_through_the_bounded_connection(tmp_path, cache_root, cxx):
         assert cxx.compiles() == 1 and stats(tmp_path / "host-b")["remote"]["hits"] == 1
     finally:
         server.stop()
+
+
+def test_warm_says_whether_it_built_or_fetched_from_the_fleet(redis, tmp_path, cxx):
+    """`warm` on the first host compiles (`built`); on a second host it downloads the blob the
+    first one uploaded (`fetched`, no compile there); again on that host it is `cached`."""
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(stubcache.StubSpec("warm_fleet", value_src(7)).to_dict()))
+
+    def warm(host: str) -> str:
+        env = dict(os.environ, **host_env(tmp_path, host, redis.url))
+        proc = subprocess.run([sys.executable, "-m", "stubcache", "warm", "--format", "json", str(spec)],
+                              env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return json.loads(proc.stdout)["results"][0]["status"]
+
+    assert warm("a") == "built"
+    compiles = cxx.compiles()
+    assert compiles == 1
+    assert warm("b") == "fetched"
+    assert warm("b") == "cached"
+    assert cxx.compiles() == compiles

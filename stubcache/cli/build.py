@@ -36,7 +36,12 @@ def cmd_warm(args: argparse.Namespace) -> int:
         try:
             found = cache.lookup(spec)
             entry = found if found is not None else cache.get_or_build(spec)
-            status = "cached" if found is not None else ("built" if entry.published else "not stored")
+            if found is not None:
+                status = "cached"
+            elif not entry.published:
+                status = "not stored"
+            else:  # new here: downloaded from the fleet tier, or compiled on this host
+                status = "fetched" if entry.fetched else "built"
             results.append({"ref": ref, "name": spec.name, "key": entry.key, "status": status,
                             "seconds": round(time.perf_counter() - t0, 3), "path": entry.path})
             if not entry.published:
