@@ -210,3 +210,26 @@ def open_files(pid: int) -> set[str]:
         except OSError:
             pass  # closed meanwhile
     return names
+
+
+def run_on_pty(code: str, env: dict) -> str:
+    """Run ``code`` with stdin/stdout/stderr on a pseudo-terminal; return what it wrote."""
+    import pty
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=slave, stdout=slave, stderr=slave, env=env,
+                            close_fds=True)
+    os.close(slave)
+    chunks = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            data = os.read(master, 4096)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    proc.wait(timeout=60)
+    os.close(master)
+    return b"".join(chunks).decode("utf-8", "replace")

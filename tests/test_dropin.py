@@ -17,7 +17,7 @@ import pytest
 
 import stubcache
 
-from .conftest import REPO, run_py, wait_until
+from .conftest import REPO, run_on_pty, run_py, wait_until
 
 PYB = "#include <pybind11/pybind11.h>\n"
 
@@ -467,37 +467,12 @@ print("done")
 """
 
 
-def _run_on_pty(code: str, env: dict) -> str:
-    """Run ``code`` with stdin/stdout/stderr on a pseudo-terminal; return what it wrote."""
-    import pty
-    import subprocess
-    import time
-
-    master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=slave, stdout=slave, stderr=slave, env=env,
-                            close_fds=True)
-    os.close(slave)
-    chunks = []
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            data = os.read(master, 4096)
-        except OSError:  # EIO: the child closed the terminal
-            break
-        if not data:
-            break
-        chunks.append(data)
-    proc.wait(timeout=60)
-    os.close(master)
-    return b"".join(chunks).decode("utf-8", "replace")
-
-
 def test_status_line_on_a_terminal_and_never_in_a_pipe(cache_root, cxx, monkeypatch):
     import subprocess
 
     monkeypatch.setenv("STUBCACHE_TEST_CXX_SLEEP", "3.5")  # a build that lasts past the 2 s mark
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    text = _run_on_pty(STATUS_CHILD, env)
+    text = run_on_pty(STATUS_CHILD, env)
     assert "stubcache: building slow_stub (direct build), " in text
     assert "\x1b[K" in text  # the line is erased again
     assert text.rstrip().endswith("done")
@@ -508,7 +483,7 @@ def test_status_line_on_a_terminal_and_never_in_a_pipe(cache_root, cxx, monkeypa
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     leases = cache_root / "v1" / "leases"
     wait_until(lambda: leases.is_dir() and os.listdir(leases), "the holder to start its build", proc=holder)
-    text = _run_on_pty(STATUS_CHILD.replace("slow_stub", "waited_stub"), env)
+    text = run_on_pty(STATUS_CHILD.replace("slow_stub", "waited_stub"), env)
     holder.wait(timeout=60)
     assert f"stubcache: waiting for pid {holder.pid} on " in text and "(waited_stub, building for" in text
 

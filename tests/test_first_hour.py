@@ -11,6 +11,8 @@ import pytest
 
 import stubcache
 
+from .conftest import run_on_pty
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -67,3 +69,23 @@ def test_quickstart_leaves_no_scratch_root_behind(tmp_path, monkeypatch):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "cold:" in proc.stdout and "warm:" in proc.stdout and "(removed at exit)" in proc.stdout
     assert list(tmp.iterdir()) == []
+
+
+VERIFY_REBUILD = """
+import sys
+from stubcache.cli import main
+sys.exit(main(["verify", "--rebuild"]))
+"""
+
+
+def test_verify_rebuild_shows_progress_on_a_terminal_only(tmp_path, cache_root, cxx, monkeypatch):
+    """A rebuild that lasts past the status line's 2 s mark says which entry it rebuilds, on a
+    terminal; into a pipe the output is only the report."""
+    stubcache.StubCache().get_or_build(stubcache.StubSpec("slow_verify", 'extern "C" int f(void) { return 1; }'))
+    monkeypatch.setenv("STUBCACHE_TEST_CXX_SLEEP", "3.5")
+    text = run_on_pty(VERIFY_REBUILD, _env())
+    assert "verify --rebuild: rebuilding" in text and "(1 of 1)" in text, text
+    piped = subprocess.run([sys.executable, "-c", VERIFY_REBUILD], capture_output=True, text=True, env=_env(),
+                           timeout=120)
+    assert piped.returncode == 0, piped.stdout + piped.stderr
+    assert "rebuilding" not in piped.stdout + piped.stderr

@@ -229,7 +229,12 @@ def _verify_rebuild(args: argparse.Namespace) -> int:
         keys = select_keys(store, args.keys, args.sample)
     except KeyError as exc:
         raise UsageError(f"no single entry for key {exc.args[0]}") from None
-    results = [rebuild_entry(store, k) for k in keys]
+    from ..progress import status
+
+    results = []
+    for key in keys:  # one rebuild can take a minute (torch headers): a live line on a terminal
+        with status(lambda: f"verify --rebuild: rebuilding {key[:12]} ({len(results) + 1} of {len(keys)})"):
+            results.append(rebuild_entry(store, key))
     differs = [r for r in results if r.status == "differs"]
 
     def text():
