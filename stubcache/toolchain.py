@@ -435,10 +435,30 @@ def native_target(cxx: str, native: tuple, ident: dict, memo: Callable) -> dict[
         resolved = sorted({ln.split()[0].rstrip("=") + "=" + ln.split()[-1] for ln in out.splitlines()
                            if ln.strip().startswith("-m") and len(ln.split()) >= 2})
         march = [r for r in resolved if r.startswith(("-march=", "-mtune=", "-mcpu="))]
+        if not march:  # clang has no -Q --help=target: its driver names the CPU and features in -###
+            resolved = _cc1_target([*words, *native, "-###", "-x", "c++", "-c", os.devnull, "-o", os.devnull])
+            march = [r for r in resolved if r.startswith(("-target-cpu=", "-tune-cpu="))]
         return {"flags": list(native), "target": march,
                 "options_sha256": sha256("\n".join(resolved).encode()).hexdigest()}
 
     return memo(memo_key, compute)
+
+
+def _cc1_target(cmd: list[str]) -> list[str]:
+    """The target a clang driver resolved (``-target-cpu``, ``-tune-cpu``, every
+    ``-target-feature``) from its ``-###`` line for the compiler proper, as ``-opt=value``."""
+    import shlex
+
+    for line in _run_text(cmd).splitlines():
+        if '"-cc1"' not in line:
+            continue
+        try:
+            words = shlex.split(line)
+        except ValueError:
+            return []
+        pairs = zip(words, words[1:])
+        return sorted({f"{a}={b}" for a, b in pairs if a in ("-target-cpu", "-tune-cpu", "-target-feature")})
+    return []
 
 
 def flag_tools(cxx: str, flags: tuple, ident: dict, memo: Callable) -> dict[str, Any]:
