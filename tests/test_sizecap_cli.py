@@ -161,13 +161,12 @@ def test_progress_bar_on_a_terminal_only(cache_root, cxx):
     import subprocess
     import sys
 
-    from .conftest import REPO
-    from .test_dropin import _run_on_pty
+    from .conftest import REPO, run_on_pty
 
     build_real([1, 2, 3], run_py)
     code = "import sys; from stubcache.cli import main; sys.exit(main(['verify']))"
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    text = _run_on_pty(code, env)
+    text = run_on_pty(code, env)
     assert "verifying [" in text and "checked 3 entries: 3 ok, 0 bad" in text
     piped = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert "verifying" not in piped.stderr + piped.stdout and "checked 3 entries" in piped.stdout
