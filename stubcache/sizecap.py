@@ -198,11 +198,15 @@ AGEOUT_INTERVAL = 86400.0  # toolchain age-out below the cap: at most once a day
 def after_publish(store: Store, time_box: float = TIME_BOX) -> str:
     """Called by a process that has just published (and released its build lock). Returns what
     happened, for tests and logs: ``no cap`` (turned off), ``under cap``, ``busy`` (another process is
-    cleaning), ``pruned N`` or ``error``.
+    cleaning), ``gone`` (the root was removed meanwhile), ``pruned N`` or ``error``.
 
     With a cap (every root has one unless it is turned off), entries of a toolchain this host no longer
     matches that nobody used for ``toolchain_max_age`` are removed even below the cap, at most once
     a day; over the cap they go first, then the least recently used."""
+    if not os.path.isdir(store.base):
+        # The root went away after the publish (its owner removed it): a background job must
+        # not bring it back (opening the lock file below would make the layout afresh).
+        return "gone"
     try:
         settings = root_settings(store.root)
         cap = configured_max_size(store.root)

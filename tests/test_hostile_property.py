@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import string
+import threading
 from pathlib import Path
 
 import pytest
@@ -185,4 +186,9 @@ def test_random_root_contents_never_raise_hang_or_escape(template, tmp_path_fact
             assert StubCache(str(root)).load(SPEC).value() == 21
         assert snapshot(outside) == before
     finally:
+        # The load may have published, starting the size cap's helper thread (0.5 s later): let
+        # it finish before the root goes, or the next example's scratch directory races with it.
+        for thread in threading.enumerate():
+            if thread.name == "stubcache-sizecap":
+                thread.join(30)
         shutil.rmtree(base, ignore_errors=True)

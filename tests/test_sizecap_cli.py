@@ -76,6 +76,21 @@ def test_only_one_process_cleans_at_a_time(cache_root, cxx, monkeypatch):
     assert sizecap.after_publish(store) == "no cap"
 
 
+def test_a_root_removed_after_a_publish_is_not_brought_back(cache_root, cxx):
+    """The size cap runs on a helper thread after a publish; if the root's owner removed the root
+    meanwhile, that thread must not make the layout afresh (found by the hostile-root property
+    test: its next example's scratch directory reappeared under it)."""
+    import shutil
+
+    from stubcache import sizecap
+
+    build_real([1], run_py)
+    store = StubCache().store
+    shutil.rmtree(cache_root)
+    assert sizecap.after_publish(store) == "gone"
+    assert not cache_root.exists()
+
+
 def test_config_show_set_and_bad_sizes(cache_root, cxx):
     build_real([1], run_py)
     bad = run_cli(cache_root, "config", "set", "max_size", "10")
