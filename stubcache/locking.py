@@ -8,10 +8,12 @@ wait in stubcache is unbounded: a stopped holder or a hostile group member costs
 bound), one probe (:func:`flock_held_at`) and one way to name a holder (:func:`describe_holders`,
 from ``/proc/locks``). :func:`acquire` is the per-key build lock built from them.
 
-These are raw ``fcntl.flock`` calls rather than ``filelock``: ``filelock.FileLock`` takes the same
-kernel lock, but importing it costs ~30 ms (it imports asyncio), paid by every process of a
-start-up herd, and it opens its lock file by path (links in the directories above it are
-followed). docs/cache.md, "Locks and atomic writes", has the measurement.
+The per-key build lock is taken through ``filelock`` (the ecosystem's lock library; torch >= 2.14
+takes its own JIT lock with it): :func:`try_build_lock` is ``filelock.lock_descriptor`` on a
+descriptor this module opened safely, one non-blocking attempt at a time inside the same bounded
+wait. filelock is imported on a miss only (~17-60 ms); the hit path's shared pin and the admin
+commands' probes stay raw ``fcntl.flock`` calls on the same kernel lock (filelock has no shared
+lock on a descriptor). docs/cache.md, "Locks and atomic writes", has the measurements.
 
 **Atomic writes** go through :func:`write_file`: a new file is created with ``O_EXCL|O_NOFOLLOW``
 (never an existing file or a planted link), given exactly the mode asked for with ``fchmod``
@@ -113,17 +115,32 @@ def try_flock(fd: int, op: int = EX) -> bool:
     return True
 
 
+def try_build_lock(fd: int) -> bool:
+    """One non-blocking attempt at the exclusive build lock on ``fd`` through filelock's
+    descriptor API (the same kernel ``flock`` as :func:`try_flock`, so admin commands that probe
+    it raw see it): True if taken, False if another open file holds it."""
+    import filelock  # the miss path only: its import costs a hit nothing
+
+    return filelock.lock_descriptor(fd, blocking=False)
+
+
 def wait_flock(fd: int, op: int, timeout: float, *, max_delay: float = 0.05,
                until: Callable[[], bool] | None = None, notice: Callable[[], None] | None = None,
-               notice_after: float = NOTICE_AFTER) -> bool | None:
+               notice_after: float = NOTICE_AFTER,
+               attempt: Callable[[int], bool] | None = None) -> bool | None:
     """Take ``flock(fd, op)``, waiting at most ``timeout`` seconds: True if taken, False when the
     time is up. The lock is tried without blocking, then again after 2 ms, 3 ms... up to
     ``max_delay`` between attempts (a blocking ``flock`` could not be bounded).
 
     ``until``, if given, is a cheap check made before each new attempt: when it returns True the
     wait ends and ``None`` is returned. ``notice``, if given, is called once after
-    ``notice_after`` seconds of waiting (to say who holds the lock)."""
-    if try_flock(fd, op):
+    ``notice_after`` seconds of waiting (to say who holds the lock). ``attempt``, if given, makes
+    each non-blocking attempt instead of ``try_flock(fd, op)`` (the build lock's
+    :func:`try_build_lock`)."""
+    if attempt is None:
+        def attempt(fd: int) -> bool:
+            return try_flock(fd, op)
+    if attempt(fd):
         return True
     start = time.monotonic()
     deadline = start + timeout
@@ -140,7 +157,7 @@ def wait_flock(fd: int, op: int, timeout: float, *, max_delay: float = 0.05,
         delay = min(delay * 1.5, max_delay)
         if until is not None and until():
             return None
-        if try_flock(fd, op):
+        if attempt(fd):
             return True
 
 
@@ -326,8 +343,8 @@ def acquire(store: "Store", base: str, timeout: float, name: str, published=None
     """Acquire the build lock of ``base`` (``locks/<base>.lock``); returns a held :class:`Lock`.
     Invariants 1, 4 and 11 of docs/design.md rest on it.
 
-    An exclusive ``flock`` on that file, waited for at most ``timeout`` seconds with
-    :func:`wait_flock`, re-tried every 2-10 ms (the ``published`` probe between attempts is one
+    An exclusive ``flock`` on that file taken through filelock (:func:`try_build_lock`), waited
+    for at most ``timeout`` seconds with :func:`wait_flock`, re-tried every 2-10 ms (the ``published`` probe between attempts is one
     ``stat``: cheap to ask often). Logs once, after a few seconds, which process holds the build;
     raises :class:`LockTimeoutError` after ``timeout``.
 
@@ -349,7 +366,8 @@ def acquire(store: "Store", base: str, timeout: float, name: str, published=None
             say = _log.warning if progress.verbose() or progress.stderr_is_terminal() else _log.info
             say("stubcache: waiting for %s to finish building %r (key %s)", describe_holder(store, base, fd), name, base)
 
-        got = wait_flock(fd, EX, timeout, max_delay=0.01, until=published, notice=notice)
+        got = wait_flock(fd, EX, timeout, max_delay=0.01, until=published, notice=notice,
+                         attempt=try_build_lock)
         if got is False:
             raise LockTimeoutError(
                 f"timed out after {timeout:.0f}s waiting for the build of {name!r} (key {base}) held "

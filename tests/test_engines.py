@@ -262,7 +262,7 @@ def test_library_planted_by_another_user_is_refused_for_that_user_not_root(cache
         os.chown(theirs, other_user.pw_uid, other_user.pw_gid)
         code = textwrap.dedent(f"""
             import os, ctypes, subprocess, sysconfig, shlex, glob, json, tempfile, hashlib, errno, signal
-            import importlib, pkgutil, stubcache, stubcache.fingerprint
+            import importlib, pkgutil, filelock, stubcache, stubcache.fingerprint
             # The interpreter's own files are under /root (pyenv), unreadable once dropped: import
             # every module the call may reach (the size cap after a publish, too) first.
             for m in pkgutil.walk_packages(stubcache.__path__, "stubcache."):

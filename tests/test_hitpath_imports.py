@@ -89,22 +89,37 @@ def test_digest_is_sha256(data, large):
     assert _digest.sha256(data, large=large).hexdigest() == hashlib.sha256(data).hexdigest()
 
 
-def test_a_hit_imports_only_what_it_needs(cache_root):
+def _filelock_only(tmp_path) -> str:
+    """A directory holding only filelock (a link to the installed package), on both runs' path:
+    the building run of a child without site-packages needs it for the build lock, and nothing
+    else of site-packages (torch there would change the key). The hit must not import it."""
+    import filelock
+
+    d = tmp_path / "filelock-only"
+    d.mkdir()
+    (d / "filelock").symlink_to(os.path.dirname(filelock.__file__))
+    return str(d)
+
+
+def test_a_hit_imports_only_what_it_needs(cache_root, tmp_path):
     """In a child without site (-S: nothing preloaded, as in a venv without start-up files), the
     modules a hit adds to sys.modules."""
     src = 'extern "C" int f(void) { return 5; }'
     code = textwrap.dedent(f"""
-        import sys
+        import os, sys
         sys.path.insert(0, {str(REPO)!r})
+        sys.path.extend(p for p in os.environ.get("TEST_BUILD_PATH", "").split(":") if p)
         before = set(sys.modules)
         import stubcache
         lib = stubcache.StubCache().load(stubcache.StubSpec('lean', {src!r}))
         assert lib.f() == 5
         print(" ".join(sorted(set(sys.modules) - before)))
     """)
+    filelock_only = _filelock_only(tmp_path)
     for require_hit in ("", "1"):  # the first run builds it (its fingerprint: no site-packages, no torch)
         proc = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=120,
-                              env=dict(os.environ, STUBCACHE_REQUIRE_HIT=require_hit))
+                              env=dict(os.environ, STUBCACHE_REQUIRE_HIT=require_hit,
+                                       TEST_BUILD_PATH=filelock_only))
         assert proc.returncode == 0, proc.stderr
     loaded = set(proc.stdout.split())
     assert "stubcache.cache" in loaded
@@ -115,13 +130,14 @@ def test_a_hit_imports_only_what_it_needs(cache_root):
     assert not loaded & heavy, loaded & heavy
 
 
-def test_a_quiet_dropin_hit_imports_no_status_line_nor_logger(cache_root):
+def test_a_quiet_dropin_hit_imports_no_status_line_nor_logger(cache_root, tmp_path):
     """The drop-in's hit (is_python_module=False, a header-free stub, verbose off) loads the
     drop-in's own modules and the hit path, not the status line, the logger or the probes."""
     src = 'extern "C" int g(void) { return 7; }'
     code = textwrap.dedent(f"""
-        import sys
+        import os, sys
         sys.path.insert(0, {str(REPO)!r})
+        sys.path.extend(p for p in os.environ.get("TEST_BUILD_PATH", "").split(":") if p)
         before = set(sys.modules)
         import stubcache
         path = stubcache.load_inline('lean_dropin', {src!r}, is_python_module=False, no_implicit_headers=True)
@@ -129,9 +145,11 @@ def test_a_quiet_dropin_hit_imports_no_status_line_nor_logger(cache_root):
         assert ctypes.CDLL(path).g() == 7
         print(" ".join(sorted(set(sys.modules) - before)))
     """)
+    filelock_only = _filelock_only(tmp_path)
     for require_hit in ("", "1"):  # the first run builds it
         proc = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=120,
-                              env=dict(os.environ, STUBCACHE_REQUIRE_HIT=require_hit))
+                              env=dict(os.environ, STUBCACHE_REQUIRE_HIT=require_hit,
+                                       TEST_BUILD_PATH=filelock_only))
         assert proc.returncode == 0, proc.stderr
     loaded = set(proc.stdout.split())
     assert {"stubcache.compat", "stubcache.cache"} <= loaded

@@ -97,43 +97,35 @@ def layout_modes(root: Path) -> dict:
 @pytest.fixture(scope="session")
 def users():
     """A group with two members (mallory, the attacker; alice, a victim engine) and an outsider,
-    created for this session and removed after it. Root only."""
+    created when missing and left in place (like test_trust's users): CI runs several test
+    sessions at once, and one removing them at its end would pull them from under another. Root
+    only."""
     if not IS_ROOT or not shutil.which("useradd") or not shutil.which("groupadd"):
         pytest.skip("needs root and useradd/groupadd to create real users and groups")
     import pwd
 
-    try:
-        grp.getgrnam(GROUP)
-        made_group = False
-    except KeyError:
-        made_group = True
-    if made_group:
-        subprocess.run(["groupadd", GROUP], check=True)
-    made = []
+    subprocess.run(["groupadd", "-f", GROUP], check=True)
     for role, name in USERS.items():
         if subprocess.run(["id", name], capture_output=True).returncode != 0:
             cmd = ["useradd", "-M", "-s", "/usr/sbin/nologin", name]
             if role != "outsider":
                 cmd[1:1] = ["-G", GROUP]
-            subprocess.run(cmd, check=True)
-            made.append(name)
+            made = subprocess.run(cmd, capture_output=True, text=True)
+            if made.returncode not in (0, 9):  # 9: made meanwhile by another session
+                raise RuntimeError(f"useradd {name}: {made.stderr.strip()}")
     for role, name in USERS.items():  # users left by an interrupted run may have lost the group
         if role != "outsider" and name not in grp.getgrnam(GROUP).gr_mem:
             subprocess.run(["usermod", "-aG", GROUP, name], check=True)
     info = {role: pwd.getpwnam(name) for role, name in USERS.items()}
     info["gid"] = grp.getgrnam(GROUP).gr_gid
-    yield info
-    for name in made:
-        subprocess.run(["userdel", name], capture_output=True)
-    if made_group:
-        subprocess.run(["groupdel", GROUP], capture_output=True)
+    return info
 
 
 PRELUDE = """
 import os, pwd, grp, sys, pkgutil, importlib
 import stubcache, platformdirs, ctypes, fcntl, json, hashlib, subprocess, tempfile, shutil, logging
 import sysconfig, glob, shlex, inspect, atexit, errno, signal, traceback, argparse, csv, io, fnmatch
-import hmac, secrets, socket, base64, struct, zlib, locale, gettext  # under /root (pyenv), unreadable once dropped
+import filelock, hmac, secrets, socket, base64, struct, zlib, locale, gettext  # under /root (pyenv), unreadable once dropped
 for m in pkgutil.walk_packages(stubcache.__path__, "stubcache."):
     if not m.name.endswith("__main__"):
         importlib.import_module(m.name)

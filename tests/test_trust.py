@@ -133,7 +133,9 @@ def test_users():
             cmd = ["useradd", "-M", "-s", "/usr/sbin/nologin", name]
             if role != "eve":
                 cmd[1:1] = ["-G", "stubcache_share"]
-            subprocess.run(cmd, check=True)
+            made = subprocess.run(cmd, capture_output=True, text=True)
+            if made.returncode not in (0, 9):  # 9: made meanwhile by another test session
+                raise RuntimeError(f"useradd {name}: {made.stderr.strip()}")
     return users
 
 
@@ -147,7 +149,7 @@ def run_as(user: str, code: str, env: dict) -> subprocess.CompletedProcess:
         import stubcache.toolchain, stubcache.compat, stubcache.patch, stubcache.progress, stubcache._faults
         import fcntl, ctypes, subprocess, tempfile, shutil, json, logging, sysconfig, hashlib, threading, re
         import glob, shlex, inspect, atexit, errno, signal, traceback, argparse, locale, gettext, dataclasses
-        import importlib, pkgutil
+        import importlib, pkgutil, filelock
         for m in pkgutil.walk_packages(stubcache.__path__, "stubcache."):  # every module a command may reach
             if not m.name.endswith("__main__"):
                 importlib.import_module(m.name)
