@@ -72,7 +72,7 @@ def test_ls_json_csv_and_table_agree(cache_root, cxx):
     assert sorted(d["key"] for d in data) == sorted(keys)
     assert {d["name"] for d in data} == {"stub1", "stub2", "stub3"}
     table = run_cli(cache_root, "ls", "--sort", "name").stdout.splitlines()
-    assert table[0].split()[:3] == ["KEY", "NAME", "SIZE"]
+    assert table[0].split()[:4] == ["ENTRY", "KEY", "NAME", "SIZE"]
     rows = [ln.split() for ln in table[1:-1]]
     by_name = {d["name"]: d for d in data}
     assert [r[1] for r in rows] == ["stub1", "stub2", "stub3"]
