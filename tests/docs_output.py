@@ -245,10 +245,57 @@ def cache_verbose(s: Session) -> None:
     s.lines += s.sh("python hello.py", show=False).rstrip("\n").split("\n")
 
 
+def cli_verify(s: Session) -> None:
+    three_entries(s)
+    s.sh("stubcache verify")
+
+
+def cli_explain_stale(s: Session) -> None:
+    import json
+
+    (s.tmp / "inc").mkdir()
+    (s.tmp / "inc" / "val.h").write_text("#define VAL 1\n")
+    (s.tmp / "spec.json").write_text(json.dumps({
+        "name": "explained", "cpp_sources": '#include "val.h"\nextern "C" int value(void) { return VAL; }\n',
+        "extra_include_paths": [str(s.tmp / "inc")]}))
+    s.sh("stubcache warm spec.json", show=False)
+    (s.tmp / "inc" / "val.h").write_text("#define VAL 2\n")
+    s.sh("stubcache explain spec.json | grep -v '^fingerprint\\.'")
+
+
+def cli_explain_closest(s: Session) -> None:
+    import json
+
+    s.sh(f"stubcache warm {s.spec('launcher', 1)}", show=False)
+    spec = json.loads(stub_spec("launcher", 1))
+    spec["extra_cflags"] = ["-O2"]
+    (s.tmp / "launcher-O2.json").write_text(json.dumps(spec))
+    s.sh("stubcache explain launcher-O2.json | grep -v '^fingerprint\\.'")
+
+
+def cli_warm(s: Session) -> None:
+    import json
+
+    s.spec("alloc", 1)
+    (s.tmp / "specs.json").write_text(json.dumps([json.loads(stub_spec("launcher", 2)),
+                                                  json.loads(stub_spec("shim", 3))]))
+    s.sh("stubcache warm alloc.json")
+    s.sh("stubcache warm specs.json")
+
+
+def cli_warm_not_stored(s: Session) -> None:
+    s.spec("alloc", 1)
+    (s.tmp / "blk").write_text("")
+    s.sh("stubcache --cache-dir blk/cache warm alloc.json")
+    s.sh("echo $?")
+
+
 SCENARIOS: dict[str, Callable[[Session], None]] = {
     "cli-ls": cli_ls, "cli-prune": cli_prune, "cli-prune-never-hit": cli_prune_never_hit,
     "cli-stats-reset": cli_stats_reset, "cli-rm": cli_rm, "cli-clear-stats": cli_clear_stats,
-    "cli-clear-no-terminal": cli_clear_no_terminal, "cli-doctor": cli_doctor,
+    "cli-clear-no-terminal": cli_clear_no_terminal, "cli-verify": cli_verify,
+    "cli-explain-stale": cli_explain_stale, "cli-explain-closest": cli_explain_closest, "cli-warm": cli_warm,
+    "cli-warm-not-stored": cli_warm_not_stored, "cli-doctor": cli_doctor,
     "ops-compile-error": ops_compile_error, "cache-build-error": cache_build_error,
     "cache-verbose": cache_verbose,
     "remote-ls": remote_ls, "remote-doctor": remote_doctor, "remote-prune": remote_prune, "remote-stats": remote_stats,
