@@ -16,13 +16,13 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
 SHOWN_TMP = "/tmp/demo"  # the scratch directory as the docs show it (its cache root: /tmp/demo/cache)
-MARKER = re.compile(r"^( *)<!-- output: ([\w.-]+) -->\n\1```\n(.*?)\n\1```$", re.S | re.M)
+MARKER = re.compile(r"^( *)<!-- output: ([\w.-]+) -->\n\1```\n(.*?)\n\1```$", re.DOTALL | re.MULTILINE)
 
 
 def stub_spec(name: str, value: int) -> str:
@@ -60,8 +60,9 @@ class Session:
         if cmd == "echo $?":  # each command runs in its own shell
             self.lines += ["$ echo $?", str(self.rc)]
             return str(self.rc)
-        proc = subprocess.run(["bash", "-c", cmd], cwd=self.tmp, env=dict(self.env, **env), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, timeout=300)
+        proc = subprocess.run(["bash", "-c", cmd], check=False, cwd=self.tmp, env=dict(self.env, **env),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                              timeout=300)
         self.rc = proc.returncode
         if show:
             self.lines.append(f"$ {cmd}" + (f"        # {note}" if note else ""))
@@ -302,12 +303,20 @@ SCENARIOS: dict[str, Callable[[Session], None]] = {
 }
 
 
-def run_scenario(name: str, tmp: Path) -> str:
+def run_scenario(name: str) -> str:
+    """The transcript of scenario ``name``, run in a fresh scratch directory under ``/tmp``
+    (always there, whatever ``TMPDIR`` says: ``doctor``'s output depends on it)."""
+    import shutil
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(prefix="stubcache-docs-", dir="/tmp"))
     s = Session(tmp)
     try:
         SCENARIOS[name](s)
     finally:
         s.close()
+        subprocess.run(["chmod", "-R", "u+rwX", str(tmp)], check=False)
+        shutil.rmtree(tmp, ignore_errors=True)
     return s.transcript()
 
 
