@@ -291,12 +291,36 @@ def cli_warm_not_stored(s: Session) -> None:
     s.sh("echo $?")
 
 
+def cli_stats(s: Session) -> None:
+    three_entries(s)
+    s.load("alloc.json")
+    s.load("shim.json")
+    s.sh("stubcache stats")
+
+
+def cli_stats_prometheus(s: Session) -> None:
+    s.sh(f"stubcache warm {s.spec('alloc', 1)}", show=False)
+    s.load("alloc.json")
+    s.sh("stubcache stats --format prometheus | head -6")
+
+
+def cli_config(s: Session) -> None:
+    s.sh("stubcache init", show=False)
+    s.sh("stubcache config")
+    s.sh("stubcache config set max_size off")
+    s.sh("STUBCACHE_MAX_SIZE=1G stubcache config", note="a user can tighten a root's cap, never loosen it")
+    s.sh("stubcache config set max_size 2G")
+    s.sh("STUBCACHE_MAX_SIZE=1G stubcache config")
+    s.sh("stubcache config set max_size 10")
+
+
 SCENARIOS: dict[str, Callable[[Session], None]] = {
     "cli-ls": cli_ls, "cli-prune": cli_prune, "cli-prune-never-hit": cli_prune_never_hit,
     "cli-stats-reset": cli_stats_reset, "cli-rm": cli_rm, "cli-clear-stats": cli_clear_stats,
     "cli-clear-no-terminal": cli_clear_no_terminal, "cli-verify": cli_verify,
     "cli-explain-stale": cli_explain_stale, "cli-explain-closest": cli_explain_closest, "cli-warm": cli_warm,
-    "cli-warm-not-stored": cli_warm_not_stored, "cli-doctor": cli_doctor,
+    "cli-warm-not-stored": cli_warm_not_stored, "cli-stats": cli_stats, "cli-stats-prometheus": cli_stats_prometheus,
+    "cli-config": cli_config, "cli-doctor": cli_doctor,
     "ops-compile-error": ops_compile_error, "cache-build-error": cache_build_error,
     "cache-verbose": cache_verbose,
     "remote-ls": remote_ls, "remote-doctor": remote_doctor, "remote-prune": remote_prune, "remote-stats": remote_stats,
