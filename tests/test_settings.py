@@ -141,3 +141,20 @@ def test_version_and_run_env(tmp_path):
     assert proc.returncode == 0 and proc.stdout.startswith("stubcache ")
     proc = cli(["--cache-dir", str(tmp_path / "x"), "run", "--env"], tmp_path)
     assert f"STUBCACHE_DIR={tmp_path / 'x'}" in proc.stdout
+
+
+@pytest.mark.parametrize("name,value", [("max_size", "lots"), ("max_size", -5), ("toolchain_max_age", "14"),
+                                        ("toolchain_max_age", [1])])
+def test_malformed_root_config_setting_is_reported_never_a_traceback(tmp_path, name, value):
+    """A value written into ``stubcache-root.json`` by hand: every command carries on with the
+    default (saying so where it reads it), and doctor reports it as an error."""
+    import json
+
+    assert cli(["init"], tmp_path).returncode == 0
+    cfg = tmp_path / "root" / "stubcache-root.json"
+    cfg.write_text(json.dumps(dict(json.loads(cfg.read_text()), **{name: value})))
+    for args in (["ls"], ["stats", "--format", "prometheus"], ["prune", "-n"], ["config"], ["clear", "-n"]):
+        proc = cli(args, tmp_path)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, (args, proc.stderr)
+    doctor = cli(["doctor"], tmp_path)
+    assert doctor.returncode == 1 and f"[error] root config: {name} in" in doctor.stdout, doctor.stdout
