@@ -228,9 +228,13 @@ def _resolve(ref: str, store) -> list[dict[str, Any]]:
         manifest = store.read_manifest(m.entries[0])
     except (OSError, ValueError) as exc:
         raise UsageError(f"entry {m.entries[0]}: cannot read its manifest: {exc}") from None
-    if m.kind == SPEC_KEY:  # every entry built from it (their tracked files are a spec file's question)
-        return [{"label": f"{ref} ({manifest.name}: a spec key)", "key": m.key, "spec_key": m.key,
-                 "entry_keys": list(m.entries), "in_cache": True, "preimage": manifest.preimage}]
+    if m.kind == SPEC_KEY:  # as for a spec file: the entries a lookup would use now, and stale ones
+        current, stale = _current_entries(store, m.key)
+        item = {"label": f"{ref} ({manifest.name}: a spec key)", "key": m.key, "spec_key": m.key,
+                "entry_keys": current, "in_cache": bool(current), "preimage": manifest.preimage}
+        if stale and not current:
+            item["stale"] = stale
+        return [item]
     return [{"label": f"{ref} ({manifest.name}: an entry key)", "key": m.key, "spec_key": manifest.base_key,
              "entry_keys": [m.key], "in_cache": True, "preimage": manifest.preimage, "headers": manifest.headers}]
 
