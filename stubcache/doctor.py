@@ -322,6 +322,31 @@ def check_environment() -> list[Check]:
     return out
 
 
+def check_root_config(root: str) -> list[Check]:
+    """The settings stored in the root's configuration (``stubcache config``): one that does not
+    parse is ignored by every process (the default applies), so it is an error here."""
+    from .errors import TrustError
+    from .sizecap import SETTINGS
+    from .trust import load_root_config
+
+    if not os.path.lexists(os.path.join(root, "stubcache-root.json")):
+        return []
+    try:
+        cfg = load_root_config(root)[1]
+    except (TrustError, OSError, ValueError):
+        return []  # check_root reports a config it cannot read or trust
+    out = []
+    for name, parse in SETTINGS.items():
+        if cfg.get(name) is None:
+            continue
+        try:
+            parse(cfg[name])
+        except ValueError as exc:
+            out.append(Check("root config", "error", f"{name} in {os.path.join(root, 'stubcache-root.json')} is "
+                             f"ignored: {exc}", f"stubcache config set {name} VALUE, or stubcache config unset {name}"))
+    return out
+
+
 def check_writable(root: str) -> list[Check]:
     """Whether this user can create the root, or publish into it: if not, every build is private
     (nothing is shared, every process compiles)."""
@@ -358,4 +383,4 @@ def run_checks(root: str) -> list[Check]:
     from .remote.admin import doctor_checks as check_remote  # imports the client only if configured
 
     return (check_root(root) + check_writable(root) + check_filesystem(root) + check_toolchain(root)
-            + check_environment() + check_remote())
+            + check_environment() + check_root_config(root) + check_remote())

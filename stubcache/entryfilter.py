@@ -25,7 +25,7 @@ class FilterError(ValueError):
 
 def parse_filter(text: str) -> Filter:
     """``size>1M``, ``accessed>30d`` (not used for 30 days), ``created<2h``, ``name=alloc*``,
-    ``torch=2.13.0+cpu``, ``method=direct``, ``in_use=yes``, ``key=ab12*``."""
+    ``torch=2.13.0+cpu``, ``method=direct``, ``in_use=yes``, ``key=ab12*`` (a spec key or an entry key)."""
     from .units import parse_duration, parse_size
 
     m = _FILTER_RE.match(text)
@@ -59,6 +59,10 @@ def parse_filter(text: str) -> Filter:
         import fnmatch
 
         want = op == "="
+        if fld == "key":  # either kind of key: the entry key or the spec key it was built from
+            value = value.lower()
+            return lambda e, now: any(fnmatch.fnmatchcase(k or "", value)
+                                      for k in (e.key, getattr(e, "base_key", ""))) == want
         return lambda e, now: fnmatch.fnmatchcase(get(e, now), value) == want
     ops = {">": lambda a, b: a > b, "<": lambda a, b: a < b, ">=": lambda a, b: a >= b,
            "<=": lambda a, b: a <= b, "=": lambda a, b: a == b, "!=": lambda a, b: a != b}

@@ -72,7 +72,7 @@ def test_ls_json_csv_and_table_agree(cache_root, cxx):
     assert sorted(d["key"] for d in data) == sorted(keys)
     assert {d["name"] for d in data} == {"stub1", "stub2", "stub3"}
     table = run_cli(cache_root, "ls", "--sort", "name").stdout.splitlines()
-    assert table[0].split()[:3] == ["KEY", "NAME", "SIZE"]
+    assert table[0].split()[:4] == ["ENTRY", "KEY", "NAME", "SIZE"]
     rows = [ln.split() for ln in table[1:-1]]
     by_name = {d["name"]: d for d in data}
     assert [r[1] for r in rows] == ["stub1", "stub2", "stub3"]
@@ -167,6 +167,40 @@ def test_explain_key_spec_and_difference(cache_root, cxx, tmp_path):
     text = run_cli(cache_root, "explain", str(f), keys[0]).stdout
     assert "1 field(s) differ" in text and "spec.extra_cflags" in text
     assert run_cli(cache_root, "explain", "ffffffff").returncode == 2
+
+
+def test_both_keys_are_named_and_accepted_by_every_key_argument(cache_root, cxx, tmp_path):
+    """Issue 20 item 3: the spec key (``explain SPEC``, ``ls --remote``) and the entry key
+    (``ls``) are labelled where they are shown, and every KEY argument takes either, or a unique
+    prefix of either."""
+    from .test_cli_support import stub_source
+
+    entries = build_real([1, 2], run_py)
+    spec = tmp_path / "stub1.json"
+    spec.write_text(json.dumps({"name": "stub1", "cpp_sources": [stub_source(1)]}))
+    by_spec = cli_json(cache_root, "explain", str(spec))
+    spec_key, (entry_key,) = by_spec["spec_key"], by_spec["entry_keys"]
+    assert entry_key in entries and spec_key != entry_key and by_spec["in_cache"]
+    text = run_cli(cache_root, "explain", str(spec)).stdout.splitlines()
+    assert text[1].split() == ["spec", "key:", spec_key, "(in", "the", "cache)"]
+    assert text[2].split() == ["entry", "key:", entry_key]
+    for ref, kind in ((spec_key[:6], "a spec key"), (spec_key, "a spec key"), (entry_key[:6], "an entry key")):
+        res = cli_json(cache_root, "explain", ref)
+        assert (res["spec_key"], res["entry_keys"]) == (spec_key, [entry_key]), ref
+        assert kind in run_cli(cache_root, "explain", ref).stdout.splitlines()[0]
+    two = cli_json(cache_root, "explain", spec_key[:8], entry_key[:8])
+    assert two["differences"] == []
+    audit = cli_json(cache_root, "verify", "--rebuild", spec_key[:8])
+    assert [r["key"] for r in audit["results"]] == [entry_key]
+    assert [d["key"] for d in cli_json(cache_root, "ls", "--filter", f"key={spec_key[:8]}*")] == [entry_key]
+    assert [d["key"] for d in cli_json(cache_root, "ls", "--filter", f"key={entry_key[:8]}*")] == [entry_key]
+    table = run_cli(cache_root, "ls", "-v").stdout.splitlines()
+    assert table[0].startswith("ENTRY KEY") and table[0].rstrip().endswith("SPEC KEY")
+    assert any(row.startswith(entry_key) and row.rstrip().endswith(spec_key) for row in table[1:])
+    for args in (["explain", "0000ff"], ["verify", "--rebuild", "0000ff"], ["explain", ""]):
+        bad = run_cli(cache_root, *args)
+        assert bad.returncode == 2 and "Traceback" not in bad.stderr, (args, bad.stderr)
+        assert len(bad.stderr.strip().splitlines()) == 1, (args, bad.stderr)
 
 
 def test_warm_spec_file_and_module_reference(cache_root, cxx, tmp_path):

@@ -10,10 +10,23 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+REMOTE = "redis://127.0.0.1:1/0"  # a well-formed URL nothing listens on: the remote settings below are checked first
 BAD = [("STUBCACHE_LOCK_TIMEOUT", "abc"), ("STUBCACHE_LOCK_TIMEOUT", "-1"), ("STUBCACHE_MAX_SIZE", "lots"),
-       ("STUBCACHE_MAX_SIZE", "10"), ("STUBCACHE_REQUIRE_HIT", "maybe")]
-COMMANDS = [["ls"], ["stats"], ["stats", "--format", "prometheus"], ["prune", "-n"], ["verify"], ["clear", "-n"],
-            ["config"], ["explain", "x"], ["init"]]
+       ("STUBCACHE_MAX_SIZE", "10"), ("STUBCACHE_REQUIRE_HIT", "maybe"), ("STUBCACHE_REMOTE_INSECURE", "perhaps"),
+       ("STUBCACHE_REMOTE", "ftp://host/0"), ("STUBCACHE_REMOTE", "redis://127.0.0.1:notaport/0"),
+       ("STUBCACHE_REMOTE_MODE", "sometimes"), ("STUBCACHE_REMOTE_TIMEOUT", "abc"), ("STUBCACHE_REMOTE_TIMEOUT", "0"),
+       ("STUBCACHE_REMOTE_LEASE", "-3"), ("STUBCACHE_REMOTE_SECRET", "short")]
+# every command, and the options that read a setting
+COMMANDS = [["ls"], ["ls", "--remote"], ["stats"], ["stats", "--format", "prometheus"], ["stats", "--reset"],
+            ["prune", "-n"], ["prune", "--remote", "--max-age", "1d", "-n"], ["verify"], ["verify", "--rebuild"],
+            ["clear", "-n"], ["rm", "abcd", "-n"], ["config"], ["config", "set", "max_size", "1G"], ["explain", "x"],
+            ["warm", "x.json"], ["init"], ["dir"], ["run", "--env"], ["run", "--", "true"]]
+
+
+def _env_for(name, value):
+    """The malformed setting, with a well-formed STUBCACHE_REMOTE where it is a remote one."""
+    remote = {"STUBCACHE_REMOTE": REMOTE} if name.startswith("STUBCACHE_REMOTE_") else {}
+    return {**remote, name: value}
 
 
 def cli(args, tmp_path, **env):
@@ -24,18 +37,59 @@ def cli(args, tmp_path, **env):
 
 @pytest.mark.parametrize("name,value", BAD)
 def test_bad_setting_is_one_line_exit_2_in_every_command(tmp_path, name, value):
-    for args in COMMANDS:
-        proc = cli(args, tmp_path, **{name: value})
-        assert "Traceback" not in proc.stderr, (args, proc.stderr)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:  # each ends at the start-up check: cheap processes
+        procs = list(pool.map(lambda args: cli(args, tmp_path, **_env_for(name, value)), COMMANDS))
+    for args, proc in zip(COMMANDS, procs):
+        assert "Traceback" not in proc.stderr + proc.stdout, (args, proc.stderr)
         assert proc.returncode == 2, (args, proc.returncode, proc.stderr)
         lines = proc.stderr.strip().splitlines()
-        assert len(lines) == 1 and name in lines[0] and repr(value) in lines[0], (args, proc.stderr)
+        assert len(lines) == 1 and name in lines[0], (args, proc.stderr)
+        assert repr(value) in lines[0] or name == "STUBCACHE_REMOTE_SECRET", (args, proc.stderr)  # never echo a secret
+        assert proc.stdout == "", (args, proc.stdout)
 
 
-def test_doctor_reports_every_malformed_setting(tmp_path):
+@pytest.mark.parametrize("name,value", BAD)
+def test_doctor_reports_every_malformed_setting(tmp_path, name, value):
+    proc = cli(["doctor"], tmp_path, **_env_for(name, value))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    assert "[error]" in proc.stdout and name in proc.stdout, proc.stdout
+
+
+def test_doctor_reports_several_malformed_settings_at_once(tmp_path):
     proc = cli(["doctor"], tmp_path, STUBCACHE_LOCK_TIMEOUT="abc", STUBCACHE_MAX_SIZE="lots")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "STUBCACHE_LOCK_TIMEOUT='abc'" in proc.stdout and "STUBCACHE_MAX_SIZE='lots'" in proc.stdout
+
+
+# what a person can type on the command line: a one-line error and exit 2, never a traceback
+BAD_ARGS = [["prune", "--max-size", "lots"], ["prune", "--max-size", "-5G"], ["prune", "--older-than", "14"],
+            ["prune", "--quarantine-age", "soon"], ["prune", "--remote", "--max-age", "old", "--remote-url", REMOTE],
+            ["prune", "--max-age", "1d"], ["ls", "--filter", "size>lots"], ["ls", "--filter", "colour=red"],
+            ["ls", "--remote", "--remote-url", "ftp://x"], ["ls", "--remote", "--remote-url", REMOTE,
+                                                           "--remote-timeout", "abc"],
+            ["verify", "--rebuild", "--sample", "0"], ["verify", "abcd"], ["verify", "--rebuild", "zz"],
+            ["explain", "zz"], ["explain", "abcd"], ["explain", "a.json", "b.json", "c.json"], ["rm", "../etc"],
+            ["rm"], ["rm", "0123"], ["warm", "nosuch.json"], ["warm", "nosuch_module_xyz:spec"],
+            ["config", "set", "nope", "1"], ["config", "set", "max_size", "lots"],
+            ["config", "set", "toolchain_max_age", "14"], ["init", "--group", "x"], ["init", "--shared"],
+            ["stats", "--reset", "--format", "prometheus"], ["run"], ["doctor", "--remote-url", "ftp://x"]]
+
+
+def test_malformed_arguments_are_one_line_exit_2(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    cli(["init"], tmp_path)
+    with ThreadPoolExecutor(4) as pool:
+        procs = list(pool.map(lambda args: cli(args, tmp_path), BAD_ARGS))
+    for args, proc in zip(BAD_ARGS, procs):
+        assert "Traceback" not in proc.stderr + proc.stdout, (args, proc.stderr)
+        if args[0] == "doctor":  # doctor reports a bad remote URL as one of its checks
+            assert proc.returncode == 1 and "[error] remote" in proc.stdout, (args, proc.stdout)
+            continue
+        assert proc.returncode == 2, (args, proc.returncode, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1, (args, proc.stderr)
 
 
 def test_library_refuses_bad_lock_timeout_when_made(tmp_path):
@@ -87,3 +141,20 @@ def test_version_and_run_env(tmp_path):
     assert proc.returncode == 0 and proc.stdout.startswith("stubcache ")
     proc = cli(["--cache-dir", str(tmp_path / "x"), "run", "--env"], tmp_path)
     assert f"STUBCACHE_DIR={tmp_path / 'x'}" in proc.stdout
+
+
+@pytest.mark.parametrize("name,value", [("max_size", "lots"), ("max_size", -5), ("toolchain_max_age", "14"),
+                                        ("toolchain_max_age", [1])])
+def test_malformed_root_config_setting_is_reported_never_a_traceback(tmp_path, name, value):
+    """A value written into ``stubcache-root.json`` by hand: every command carries on with the
+    default (saying so where it reads it), and doctor reports it as an error."""
+    import json
+
+    assert cli(["init"], tmp_path).returncode == 0
+    cfg = tmp_path / "root" / "stubcache-root.json"
+    cfg.write_text(json.dumps(dict(json.loads(cfg.read_text()), **{name: value})))
+    for args in (["ls"], ["stats", "--format", "prometheus"], ["prune", "-n"], ["config"], ["clear", "-n"]):
+        proc = cli(args, tmp_path)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, (args, proc.stderr)
+    doctor = cli(["doctor"], tmp_path)
+    assert doctor.returncode == 1 and f"[error] root config: {name} in" in doctor.stdout, doctor.stdout

@@ -55,7 +55,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
     failed = [r for r in results if r["status"] in ("failed", "not stored")]
     show(args, View(json={"root": cache.root, "results": results, "failed": len(failed)},
                     text=lambda: [] if args.quiet else [table(
-                        ["NAME", "KEY", "STATUS", "TIME"],
+                        ["NAME", "ENTRY KEY", "STATUS", "TIME"],
                         [[r["name"], (r["key"] or "-")[:12], r["status"], f"{r['seconds']:.2f}s"] for r in results])]))
     return EXIT_PROBLEMS if failed else EXIT_OK
 

@@ -45,3 +45,16 @@ def confirm(prompt: str, args: argparse.Namespace) -> None:
     answer = sys.stdin.readline().strip().lower()
     if answer not in ("y", "yes"):
         raise NotConfirmed("aborted; nothing removed")
+
+
+def match_key(ref: str, entries, store_root: str):
+    """What the KEY argument ``ref`` names among scanned ``entries``
+    (:class:`stubcache.keyref.KeyMatch`: a spec key or an entry key, in full or a unique prefix);
+    a :class:`UsageError` (exit 2) if it is not a key, names nothing or is ambiguous."""
+    from ..keyref import KeyRefError, resolve_key
+    from .exits import UsageError
+
+    try:
+        return resolve_key(ref, entries)
+    except KeyRefError as exc:
+        raise UsageError(f"{exc} in {store_root}" if str(exc).startswith("no entry") else str(exc)) from None

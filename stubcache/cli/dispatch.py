@@ -14,6 +14,20 @@ from .parser import build_parser
 _SIGNED_VALUE_OPTIONS = ("--max-size", "--older-than", "--quarantine-age")
 
 
+def _validate_remote(args) -> None:
+    """The remote tier's settings, where a remote store is named (``STUBCACHE_REMOTE`` or
+    ``--remote-url``): their shape only (URL, mode, timeout, lease, secret length), as the admin
+    commands read them; what loading code needs besides (a secret) is checked where it is loaded."""
+    import os
+
+    url = getattr(args, "remote_url", None)
+    if not (url or os.environ.get("STUBCACHE_REMOTE", "").strip()):
+        return
+    from ..remote.config import config_from_env
+
+    config_from_env(url=url, timeout=getattr(args, "remote_timeout", None), for_admin=True)
+
+
 def _settings_problem(args) -> int | None:
     """Check every setting once at start: a malformed STUBCACHE_* variable (exit 2) or a root
     that is a file (exit 1: nothing can work) ends here with one line, before any command runs."""
@@ -21,7 +35,7 @@ def _settings_problem(args) -> int | None:
     from .common import root
     from .exits import EXIT_PROBLEMS, error
 
-    rc = run_command(lambda: validate() or 0)
+    rc = run_command(lambda: validate() or _validate_remote(args) or 0)
     if rc:
         return rc
     if args.command in ("dir", "run") or getattr(args, "dir", None):  # `dir` prints the path; `run` hands it to its command

@@ -82,6 +82,8 @@ def run_command(command: Callable[[], int]) -> int:
     except (StubCacheError, OSError) as exc:
         # A hostile or broken root gets a one-line message, never a traceback.
         from ..fsroot import printable
+        from ..remote.config import RemoteConfigError
 
         error(printable(exc, 2000))
-        return EXIT_PROBLEMS
+        # a remote setting stubcache cannot use is a malformed setting, as the others (exit 2)
+        return EXIT_USAGE if isinstance(exc, RemoteConfigError) else EXIT_PROBLEMS

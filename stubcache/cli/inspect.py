@@ -20,9 +20,9 @@ from .output import View, iso, short_compiler, show, table
 def _ls_rows(entries, now: float, verbose: bool) -> tuple[list[str], list[list[Any]]]:
     from ..units import human_age, human_size
 
-    headers = ["KEY", "NAME", "SIZE", "TORCH", "COMPILER", "CREATED", "LAST USED", "IN USE"]
+    headers = ["ENTRY KEY", "NAME", "SIZE", "TORCH", "COMPILER", "CREATED", "LAST USED", "IN USE"]
     if verbose:
-        headers += ["METHOD", "BUILD"]
+        headers += ["METHOD", "BUILD", "SPEC KEY"]
     rows = []
     for e in entries:
         row = [e.key if verbose else e.key[:12], e.name, human_size(e.size), e.torch or "-",
@@ -32,13 +32,13 @@ def _ls_rows(entries, now: float, verbose: bool) -> tuple[list[str], list[list[A
         if e.error:
             row[3:5] = ["-", f"BROKEN: {e.error}"]
         if verbose:
-            row += [e.build_method or "-", f"{e.build_seconds:.2f}s"]
+            row += [e.build_method or "-", f"{e.build_seconds:.2f}s", e.base_key or "-"]
         rows.append(row)
     return headers, rows
 
 
 LS_CSV_FIELDS = ["key", "name", "size", "torch", "compiler", "python", "build_method", "build_seconds",
-                 "created", "last_used", "in_use", "path", "error"]
+                 "created", "last_used", "in_use", "path", "error", "base_key"]
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
@@ -183,9 +183,19 @@ def _reset_stats(args: argparse.Namespace, store) -> int:
 # --- explain ---------------------------------------------------------------------------------
 
 
+def _current_entries(store, spec_key: str) -> tuple[list[str], dict[str, list[str]]]:
+    """The entry keys of ``spec_key`` that a lookup would use now, and those whose tracked files
+    changed since they were built (entry key -> why)."""
+    from ..manifestscan import stale_variants
+
+    there = [k for k in store.variant_keys(spec_key) + [spec_key] if os.path.isdir(store.entry_dir(k))]
+    stale = stale_variants(store, there)
+    return [k for k in there if k not in stale], stale
+
+
 def _resolve(ref: str, store) -> list[dict[str, Any]]:
-    """A reference -> [{label, key, in_cache, preimage}] (a spec file may hold several specs)."""
-    from ..manifestscan import EntryLookupError, entry_by_prefix, key_status
+    """A reference -> [{label, key, spec_key, entry_keys, in_cache, preimage}] (a spec file may
+    hold several specs). ``key`` is the key the reference names (a spec file: its spec key)."""
     from ..specref import SpecRefError, is_module_ref, load_specs
 
     if os.path.exists(ref) or is_module_ref(ref):
@@ -199,21 +209,39 @@ def _resolve(ref: str, store) -> list[dict[str, Any]]:
         items = []
         for spec in specs:
             key = cache.key(spec)
-            in_cache, stale = key_status(store, key)
-            item = {"label": f"{ref} ({spec.name})", "key": key, "in_cache": in_cache,
-                    "preimage": cache.preimage(spec)}
-            if stale and not in_cache:
+            current, stale = _current_entries(store, key)
+            item = {"label": f"{ref} ({spec.name})", "key": key, "spec_key": key, "entry_keys": current,
+                    "in_cache": bool(current), "preimage": cache.preimage(spec)}
+            if stale and not current:
                 item["stale"] = stale
             items.append(item)
         return items
-    if not re.fullmatch(r"[0-9a-f]{4,}", ref):
-        raise UsageError(f"{ref!r} is neither a spec file, a MODULE:ATTR reference nor a key (hex, 4+ chars)")
+    if not re.fullmatch(r"[0-9a-fA-F]{4,}", ref):
+        raise UsageError(f"{ref!r} is neither a spec file, a MODULE:ATTR reference nor a key (a spec key or an "
+                         "entry key, or a prefix of one: 4 to 64 hex digits)")
+    from ..keyref import SPEC_KEY
+    from ..scan import scan_entries
+    from .common import match_key
+
+    m = match_key(ref, scan_entries(store, probe_in_use=False), store.root)
     try:
-        key, manifest = entry_by_prefix(store, ref)
-    except EntryLookupError as exc:
-        raise UsageError(str(exc)) from None
-    return [{"label": f"entry {key[:12]} ({manifest.name})", "key": key, "in_cache": True,
-             "preimage": manifest.preimage, "headers": manifest.headers}]
+        manifest = store.read_manifest(m.entries[0])
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"entry {m.entries[0]}: cannot read its manifest: {exc}") from None
+    if m.kind == SPEC_KEY:  # as for a spec file: the entries a lookup would use now, and stale ones
+        current, stale = _current_entries(store, m.key)
+        item = {"label": f"{ref} ({manifest.name}: a spec key)", "key": m.key, "spec_key": m.key,
+                "entry_keys": current, "in_cache": bool(current), "preimage": manifest.preimage}
+        if stale and not current:
+            item["stale"] = stale
+        return [item]
+    return [{"label": f"{ref} ({manifest.name}: an entry key)", "key": m.key, "spec_key": manifest.base_key,
+             "entry_keys": [m.key], "in_cache": True, "preimage": manifest.preimage, "headers": manifest.headers}]
+
+
+def _keys_line(item: dict[str, Any]) -> str:
+    one = item["entry_keys"][0] if len(item["entry_keys"]) == 1 else None
+    return f"spec key {item['spec_key']}" + (f", entry key {one}" if one else "")
 
 
 def _explain_two(args: argparse.Namespace, a: dict[str, Any], b: dict[str, Any]) -> int:
@@ -223,10 +251,10 @@ def _explain_two(args: argparse.Namespace, a: dict[str, Any], b: dict[str, Any])
     diff = differences(a["preimage"], b["preimage"])
 
     def text() -> list[str]:
-        lines = [f"A: {a['label']}  key {a['key']}", f"B: {b['label']}  key {b['key']}"]
+        lines = [f"A: {a['label']}  {_keys_line(a)}", f"B: {b['label']}  {_keys_line(b)}"]
         if not diff:
-            lines.append("the pre-images are identical" + ("" if a["key"] == b["key"] else
-                         " (the keys differ by the contents of tracked headers)"))
+            lines.append("the pre-images are identical" + ("" if a["entry_keys"] == b["entry_keys"] else
+                         " (one spec key; the entry keys differ by the contents of the files the builds read)"))
         else:
             lines.append(f"{len(diff)} field(s) differ:")
             lines.append(table(["FIELD", "A", "B"],
@@ -242,14 +270,16 @@ def _explain_text(res: dict[str, Any], full: bool) -> list[str]:
     from ..explain import flatten, summarize
 
     lines = [f"{res['label']}",
-             f"key: {res['key']}  ({'in the cache' if res['in_cache'] else 'not in the cache'})",
-             table(["FIELD", "VALUE"], [[f, summarize(v, full)] for f, v in flatten(res["preimage"])])]
+             f"spec key:  {res['spec_key']}  ({'in the cache' if res['in_cache'] else 'not in the cache'})"]
+    lines += [f"entry key: {k}" for k in res["entry_keys"]]
+    lines.append(table(["FIELD", "VALUE"], [[f, summarize(v, full)] for f, v in flatten(res["preimage"])]))
     for k, reasons in (res.get("stale") or {}).items():
-        lines.append(f"entry {k} has this pre-image, but the files it read changed since it was built:")
+        lines.append(f"entry key {k} has this pre-image, but the files it read changed since it was built:")
         lines += [f"  {r}" for r in (reasons[:20] if not full else reasons)]
     if "closest" in res:
         c = res["closest"]
-        lines.append(f"closest cached entry of the same name: {c['key']} — {len(c['differences'])} field(s) differ:")
+        lines.append(f"closest cached entry of the same name: entry key {c['key']} — "
+                     f"{len(c['differences'])} field(s) differ:")
         lines.append(table(["FIELD", "CACHED", "WANTED"], [[d["field"], summarize(d["cached"], full),
                                                              summarize(d["wanted"], full)] for d in c["differences"]]))
     elif not res["in_cache"] and not res.get("stale"):

@@ -8,7 +8,7 @@ import argparse
 import os
 from typing import Any
 
-from .common import confirm
+from .common import confirm, match_key
 from .common import root as _root
 from .common import store as _store
 from .exits import EXIT_OK, EXIT_PROBLEMS, Failed, UsageError
@@ -20,7 +20,7 @@ from .output import View, err, is_text, note, out, show, table
 def _plan_rows(plan, executed: bool) -> tuple[list[str], list[list[Any]]]:
     from ..units import human_size
 
-    headers = ["ACTION", "KIND", "NAME", "KEY", "SIZE", "REASON"]
+    headers = ["ACTION", "KIND", "NAME", "ENTRY KEY", "SIZE", "REASON"]
     if executed:
         headers.append("OUTCOME")
     rows = []
@@ -155,7 +155,6 @@ def cmd_rm(args: argparse.Namespace) -> int:
     import fnmatch
     import time
 
-    from ..keyref import KeyRefError, resolve_key
     from ..prune import plan_removal
     from ..scan import CacheScan, scan_entries
 
@@ -165,10 +164,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
     entries = scan_entries(store) if os.path.isdir(store.base) else []
     asked: dict[str, str] = {}
     for ref in args.keys:
-        try:
-            m = resolve_key(ref, entries)
-        except KeyRefError as exc:
-            raise UsageError(f"{exc} in {store.root}" if str(exc).startswith("no entry") else str(exc)) from None
+        m = match_key(ref, entries, store.root)
         for k in m.entries:
             asked.setdefault(k, f"asked: {m.kind} {m.key[:12]}")
     if args.name is not None:
@@ -207,7 +203,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if shown:
             rows = [[r.key[:12] if not args.verbose else r.key, r.name, r.status,
                      r.detail + (" -> quarantined" if r.quarantined_to else "")] for r in shown]
-            yield table(["KEY", "NAME", "STATUS", "DETAIL"], rows)
+            yield table(["ENTRY KEY", "NAME", "STATUS", "DETAIL"], rows)
         if not args.quiet:
             verb = "found" if args.dry_run else "quarantined"
             yield (f"checked {len(results)} entr{'y' if len(results) == 1 else 'ies'}: "
@@ -225,9 +221,16 @@ def _verify_rebuild(args: argparse.Namespace) -> int:
     if args.sample is not None and args.sample < 1:
         raise UsageError("--sample must be at least 1")
     store = _store(args)
+    wanted: list[str] = []
+    if args.keys:  # spec keys or entry keys, or unique prefixes: the entries they name
+        from ..scan import scan_entries
+
+        entries = scan_entries(store, probe_in_use=False)
+        for ref in args.keys:
+            wanted += [k for k in match_key(ref, entries, store.root).entries if k not in wanted]
     try:
-        keys = select_keys(store, args.keys, args.sample)
-    except KeyError as exc:
+        keys = select_keys(store, wanted, args.sample)
+    except KeyError as exc:  # an entry removed since the scan
         raise UsageError(f"no single entry for key {exc.args[0]}") from None
     from ..progress import status
 
@@ -243,7 +246,7 @@ def _verify_rebuild(args: argparse.Namespace) -> int:
         rows = [[r.key if args.verbose else r.key[:12], r.name, r.status, r.detail] for r in results
                 if args.verbose or r.status != "same"]
         if rows:
-            yield table(["KEY", "NAME", "STATUS", "DETAIL"], rows)
+            yield table(["ENTRY KEY", "NAME", "STATUS", "DETAIL"], rows)
         for r in differs:
             yield (f"\n{r.key} ({r.name}): {UNCOVERED}: a rebuild now gives sha256 {r.rebuilt_sha256}, the entry "
                    f"holds {r.sha256}. Its pre-image:")

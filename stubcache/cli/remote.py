@@ -56,7 +56,7 @@ def cmd_ls_remote(args: argparse.Namespace) -> int:
                  short_compiler(e.compiler), (human_age(now - e.created) + " ago") if e.created else "-",
                  "yes" if e.signed else "no", e.error or ""] for e in entries]
         if rows:
-            yield table(["KEY", "NAME", "SIZE", "TORCH", "COMPILER", "CREATED", "SIGNED", "ERROR"], rows, right=(2,))
+            yield table(["SPEC KEY", "NAME", "SIZE", "TORCH", "COMPILER", "CREATED", "SIGNED", "ERROR"], rows, right=(2,))
         if not args.quiet:
             yield (f"{len(entries)} blob{'' if len(entries) == 1 else 's'}, "
                    f"{human_size(sum(e.size for e in entries))} ({config.display_url})")
@@ -92,7 +92,7 @@ def cmd_prune_remote(args: argparse.Namespace) -> int:
                 rows = [[i.entry.key[:12], i.entry.name, human_size(i.entry.size), i.reason]
                         + ([i.outcome or "-"] if executed else []) for i in plan]
                 if rows and not args.quiet:
-                    yield table(["KEY", "NAME", "SIZE", "REASON"] + (["OUTCOME"] if executed else []),
+                    yield table(["SPEC KEY", "NAME", "SIZE", "REASON"] + (["OUTCOME"] if executed else []),
                                 rows, right=(2,))
 
             return View(json=lambda: {"remote": config.display_url, "dry_run": args.dry_run,
