@@ -24,8 +24,9 @@ from pathlib import Path
 
 from _common import PY, REPO
 
-# What a hit imports besides the standard library: platformdirs when STUBCACHE_DIR is unset.
-HIT_DEPS = ("platformdirs",)
+# What a hit or a direct build imports besides the standard library: platformdirs when
+# STUBCACHE_DIR is unset, filelock for a miss's build lock.
+HIT_DEPS = ("platformdirs", "filelock")
 
 
 @dataclass(frozen=True)
