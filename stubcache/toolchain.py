@@ -461,16 +461,43 @@ def _cc1_target(cmd: list[str]) -> list[str]:
     return []
 
 
+def _clang_linker(output: str) -> str | None:
+    """The program of the link line in a clang driver's ``-###`` output (its last command line
+    that is not a ``-cc1`` one), or ``None``."""
+    import shlex
+
+    found = None
+    for line in output.splitlines():
+        if not line.startswith(' "') or '"-cc1' in line:
+            continue
+        try:
+            words = shlex.split(line)
+        except ValueError:
+            continue
+        if words:
+            found = words[0]
+    return found
+
+
 def flag_tools(cxx: str, flags: tuple, ident: dict, memo: Callable) -> dict[str, Any]:
     """See :meth:`Fingerprint.flag_tools`."""
-    memo_key = (f"tools:{ident.get('path')}:{ident.get('version')}:{flags}:{os.environ.get('PATH', '')}:"
+    memo_key = (f"tools2:{ident.get('path')}:{ident.get('version')}:{flags}:{os.environ.get('PATH', '')}:"
                 f"{_tool_env()}")
 
     def compute() -> dict:
         import shlex
 
         words = shlex.split(cxx) or [cxx]
-        names = _run_all([[*words, *flags, f"-print-prog-name={prog}"] for prog in ("cc1plus", "as", "ld")])
+        cmds = [[*words, *flags, f"-print-prog-name={prog}"] for prog in ("cc1plus", "as", "ld")]
+        clang = "clang" in str(ident.get("version") or "").lower()
+        if clang:
+            # clang answers -print-prog-name=ld without -fuse-ld= and -B (gcc's driver heeds
+            # them): the linker it would run is the program of its -### link line.
+            cmds.append([*words, *flags, "-###", "-shared", "-x", "none", os.devnull, "-o", os.devnull])
+        names = _run_all(cmds)
+        linker = _clang_linker(names.pop()) if clang else None
+        if linker:
+            names[2] = linker
         value: dict[str, Any] = {"flags": list(flags), "validators": []}
         for prog, name in zip(("cc1plus", "as", "ld"), names):
             tool = _tool(name.strip())
