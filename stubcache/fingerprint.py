@@ -142,7 +142,10 @@ def _fast_memo_path(state_dir: str, env: dict) -> str:
     # A compiler cache's own variables (CCACHE_COMPILER, CCACHE_PREFIX, …) choose the compiler
     # it runs: a fingerprint holds only for their values.
     wrapper_env = sorted([(k, v) for k, v in os.environ.items() if k.startswith(("CCACHE_", "SCCACHE_", "BUILDCACHE_"))])
-    ident = _json.dumps([FORMAT_VERSION, sys.executable, sys.path, os.environ.get("PATH", ""), env]
+    # HOME and XDG_CONFIG_HOME name the config files a compiler cache reads (~/.ccache/ccache.conf,
+    # ...; toolchain.wrapper_config_files): its `compiler =` holds only for them.
+    homes = [os.environ.get("HOME"), os.environ.get("XDG_CONFIG_HOME")]
+    ident = _json.dumps([FORMAT_VERSION, sys.executable, sys.path, os.environ.get("PATH", ""), env, homes]
                         + ([wrapper_env] if wrapper_env else []), separators=(",", ":"))
     return os.path.join(state_dir, "fp-" + sha256(ident.encode("utf-8", "surrogatepass")).hexdigest()[:32]
                         + ".json")

@@ -231,6 +231,31 @@ def test_a_compiler_cache_choosing_another_compiler_changes_the_key(cache_root, 
     assert child(spec)[:2] == (1, k1)
 
 
+@pytest.mark.skipif(shutil.which("clang++") is None or shutil.which("g++") is None, reason="needs g++ and clang++")
+def test_a_compiler_cache_configured_in_another_home_changes_the_key(cache_root, tmp_path, monkeypatch):
+    """``CXX="ccache g++"`` with ccache's directory in ``$HOME`` (no ``CCACHE_DIR``): a process
+    whose HOME holds ``compiler = clang++`` runs clang++, so it must not take the entry built
+    under a HOME without that file (found by review: the fingerprint memo was not keyed by HOME)."""
+    tool = tmp_path / "bin" / "ccache"
+    tool.parent.mkdir()
+    tool.write_text(FAKE_CCACHE.replace('conf="${CCACHE_CONFIGPATH:-$CCACHE_DIR/ccache.conf}"',
+                                        'conf="${CCACHE_CONFIGPATH:-${CCACHE_DIR:-$HOME/.ccache}/ccache.conf}"'))
+    tool.chmod(0o755)
+    plain, configured = tmp_path / "home-plain", tmp_path / "home-clang"
+    plain.mkdir()
+    (configured / ".ccache").mkdir(parents=True)
+    (configured / ".ccache" / "ccache.conf").write_text("compiler = clang++\n")
+    monkeypatch.setenv("CXX", f"{tool} g++")
+    for var in ("CCACHE_DIR", "CCACHE_COMPILER", "CCACHE_PREFIX", "CCACHE_CONFIGPATH", "XDG_CONFIG_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    spec = {"name": "wrapped_home", "cpp_sources": WRAPPED_SRC}
+    v1, k1, _ = child(spec, {"HOME": str(plain)})
+    assert v1 == 1
+    v2, k2, _ = child(spec, {"HOME": str(configured)})
+    assert v2 == 2 and k2 != k1, "the other HOME's ccache.conf chose clang++: a new key"
+    assert child(spec, {"HOME": str(plain)})[:2] == (1, k1)
+
+
 def test_a_build_by_another_compiler_than_the_key_names_is_not_published(cache_root, tmp_path, monkeypatch):
     """A wrapper whose choice stubcache cannot see (its own config file) switches compilers
     after the fingerprint was memoised: the build's own probe, run through the same wrapper,
