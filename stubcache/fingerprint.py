@@ -145,7 +145,8 @@ def _fast_memo_path(state_dir: str, env: dict) -> str:
     # HOME and XDG_CONFIG_HOME name the config files a compiler cache reads (~/.ccache/ccache.conf,
     # ...; toolchain.wrapper_config_files): its `compiler =` holds only for them.
     homes = [os.environ.get("HOME"), os.environ.get("XDG_CONFIG_HOME")]
-    ident = _json.dumps([FORMAT_VERSION, sys.executable, sys.path, os.environ.get("PATH", ""), env, homes]
+    path = [p if type(p) is str else repr(p) for p in sys.path]  # a program may append a pathlib.Path
+    ident = _json.dumps([FORMAT_VERSION, sys.executable, path, os.environ.get("PATH", ""), env, homes]
                         + ([wrapper_env] if wrapper_env else []), separators=(",", ":"))
     return os.path.join(state_dir, "fp-" + sha256(ident.encode("utf-8", "surrogatepass")).hexdigest()[:32]
                         + ".json")

@@ -355,3 +355,19 @@ def test_a_header_shadowing_from_a_search_directory_named_in_no_encoding_misses(
             return len(cxx.log.read_bytes().splitlines()) if cxx.log.exists() else 0
 
     cycle(Count(), spec, plant, lambda: os.unlink(shadow))
+
+
+def test_a_path_object_on_sys_path_does_not_break_a_load(cache_root):
+    """A program may append a ``pathlib.Path`` to ``sys.path`` (importlib ignores it): the
+    fingerprint memo and the hit must still work (both crashed on it: found by review)."""
+    from .conftest import run_py
+
+    code = """
+        import ctypes, pathlib, sys, stubcache
+        sys.path.append(pathlib.Path("/nonexistent"))
+        path = stubcache.load_inline("pathobj", 'extern "C" int v(void) { return 6; }', is_python_module=False,
+                                     no_implicit_headers=True)
+        print(ctypes.CDLL(path).v())
+    """
+    for _ in range(2):  # a build, then a hit
+        assert run_py(code).stdout.split() == ["6"]
