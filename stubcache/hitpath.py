@@ -1,38 +1,43 @@
 """The compact hit path: a recorded hit, verified and loaded without importing the cache.
 
-An engine process pays for every module a hit imports (about 0.1 ms each after ``import torch``,
-whatever it holds), so a warm start must not import the cache, the store, the spec or the
-fingerprint only to find that the entry it loaded last time is still there. The full path
-(:mod:`stubcache.cache`) therefore leaves a **hit record** after it has served a request that
-qualifies (a direct build with no tracked inputs, from a private root, see
-:meth:`StubCache.remember_hit`): ``<root>/v1/state/hit-<digest>.json``, where the digest is of
-the request itself (a drop-in call's arguments, or a spec's canonical form) and of what the
-process looks like (interpreter, ``sys.path``, ``PATH``, compiler-cache variables, the uid).
+How it works, and every check a hit makes: the comment below (kept out of the bytecode, which
+every engine process loads)."""
 
-The record names the entry (key, library, checksum, size) and the stat signatures of everything
-the key was derived from (the fingerprint memo's validators, the key environment variables'
-values, the source files of the modules that compute keys), and of the entry's manifest. A hit
-through it runs the checks the full path runs, on the same objects:
-
-- the root, ``v1/``, ``entries/`` and the entry directory are each opened without following a
-  link and must pass the private trust rule (owned by this user or root, writable by no one
-  else), and the root must have no ``stubcache-root.json`` (a shared root takes the full path);
-- the record itself is read only from such a root, and only if this user or root owns it and
-  no one else can write it (a record names the library to load: it is trusted like the entry);
-- no variants of the key exist, the entry holds exactly its manifest and library, the manifest
-  is the one the record was made from (same signature; published entries are never modified);
-- the entry is pinned (a shared ``flock`` on its pin, the last-used stamp refreshed) and then
-  checked to be the entry that was opened, the library is opened without following a link,
-  trust-checked, checksummed through that descriptor, loaded by its real path, and the mapped
-  file compared with the descriptor (:mod:`stubcache.mapped`); the hit is counted.
-
-Anything unexpected (no record, a stale one, another environment, a contended pin, a setting
-that needs checking) is not an error here: the caller takes the full path, which decides and
-reports. Nothing on this path imports another stubcache module.
-
-The per-process tables (pins, verified libraries, open library descriptors, real paths, event
-file) live here so that the full path and this one share them.
-"""
+# An engine process pays for every module a hit imports (about 0.1 ms each after ``import torch``,
+# whatever it holds), so a warm start must not import the cache, the store, the spec or the
+# fingerprint only to find that the entry it loaded last time is still there. The full path
+# (:mod:`stubcache.cache`) therefore leaves a **hit record** after it has served a request that
+# qualifies (a direct build whose tracked inputs are unchanged, from a private root, see
+# :meth:`stubcache.cache.CacheCore.remember_hit`): ``<root>/v1/state/hit-<digest>.json``, where the digest is of
+# the request itself (a drop-in call's arguments, or a spec's canonical form) and of what the
+# process looks like (interpreter, ``sys.path``, ``PATH``, compiler-cache variables, the uid).
+#
+# The record names the entry (key, library, checksum, size) and the stat signatures of everything
+# the key was derived from (the fingerprint memo's validators, the key environment variables'
+# values, the source files of the modules that compute keys), of the entry's tracked inputs
+# (as stubcache.inputs checks them without reading a file) and of the entry's manifest. A hit
+# through it runs the checks the full path runs, on the same objects:
+#
+# - the root, ``v1/``, ``entries/`` and the entry directory are each opened without following a
+#   link and must pass the private trust rule (owned by this user or root, writable by no one
+#   else), and the root must have no ``stubcache-root.json`` (a shared root takes the full path);
+# - the record itself is read only from such a root, and only if this user or root owns it and
+#   no one else can write it (a record names the library to load: it is trusted like the entry);
+# - no variants of the key exist, the entry holds exactly its manifest and library, the manifest
+#   is the one the record was made from (same signature; published entries are never modified);
+# - the entry is pinned (a shared ``flock`` on its pin, the last-used stamp refreshed) and then
+#   checked to be the entry that was opened, the library is opened without following a link,
+#   trust-checked, checksummed through that descriptor, loaded by its real path, and the mapped
+#   file compared with the descriptor (the direct way of :mod:`stubcache.mapped`, which lives
+#   here); the hit is counted.
+#
+# Anything unexpected (no record, a stale one, another environment, a contended pin, a setting
+# that needs checking) is not an error here: the caller takes the full path, which decides and
+# reports. Nothing on this path imports another stubcache module.
+#
+# The per-process tables (pins, verified libraries, open library descriptors, real paths, event
+# file) live here so that the full path and this one share them.
+#
 
 from __future__ import annotations
 
@@ -46,16 +51,17 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path
 if TYPE_CHECKING:
     from typing import Any
 
-LAYOUT = "v1"  # the layout directory under a root (stubcache.store re-exports it)
+LAYOUT = "v1"  # the layout directory under a root (stubcache.store imports it from here)
 RECORD_FORMAT = 1
-CONFIG_NAME = "stubcache-root.json"  # a root's own configuration (stubcache.trust)
-# What stubcache.fsroot opens with (tests/test_hitpath_imports.py checks they agree).
+CONFIG_NAME = "stubcache-root.json"  # a root's own configuration (stubcache.trust imports it from here)
+MANIFEST_NAME = "manifest.json"  # an entry's record (stubcache.manifest imports it from here)
+# What stubcache.fsroot opens with (tests/test_hit_records.py checks they agree).
 O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 O_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 RECORD_CAP = 1 << 20
 LIBRARY_CAP = 4 << 30  # stubcache.fsroot.LIBRARY_CAP
-LAST_USED_RESOLUTION = 1.0  # stubcache.store's: a hit rewrites a last-used stamp older than this
-NEVER_HIT_ATIME_NS = 0
+LAST_USED_RESOLUTION = 1.0  # seconds: a hit rewrites a last-used stamp older than this
+NEVER_HIT_ATIME_NS = 0  # a pin's atime from publish until its first hit (see Store.publish)
 # The modules whose code decides a key: a record holds only while their files are unchanged
 # (an upgrade of stubcache replaces them).
 KEY_MODULES = ("stubcache.spec", "stubcache.flagscan", "stubcache.kpath", "stubcache.fingerprint",
@@ -77,11 +83,13 @@ _event_fds: dict[str, tuple[int, int]] = {}  # events dir -> (fd, pid that opene
 
 
 def sig(st: os.stat_result) -> list:
-    """A file's stat signature: device, inode, size, modification time."""
+    # A file's stat signature: device, inode, size, modification time.
     return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
 
 
 def path_sig(path: str) -> list | None:
+    if type(path) is not str:
+        raise TypeError("a path must be str")
     try:
         return sig(os.stat(path))
     except OSError:
@@ -89,8 +97,8 @@ def path_sig(path: str) -> list | None:
 
 
 def private_ok(st: os.stat_result) -> bool:
-    """The private trust rule (stubcache.trust.TrustPolicy.check without a group): not a link,
-    owned by this user or root, writable by no one else."""
+    # The private trust rule (stubcache.trust.TrustPolicy.check without a group): not a link,
+    # owned by this user or root, writable by no one else.
     return (not stat.S_ISLNK(st.st_mode) and st.st_uid in (os.geteuid(), 0)
             and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
 
@@ -114,7 +122,7 @@ def _loads(data: bytes):
 
 
 def sha256_fd(fd: int, size: int) -> str:
-    """SHA-256 of an open file's content, read from offset 0 (``size``: its expected size)."""
+    # SHA-256 of an open file's content, read from offset 0 (``size``: its expected size).
     h = _sha256()
     offset = 0
     chunk_size = min(max(size, 1 << 16), 1 << 20)
@@ -133,7 +141,7 @@ versions_lock = allocate_lock()
 
 
 def frozen(value: Any) -> Any:
-    """A hashable form of a load_inline argument (lists become tuples, dicts sorted items)."""
+    # A hashable form of a load_inline argument (lists become tuples, dicts sorted items).
     if isinstance(value, (list, tuple)):
         return tuple(frozen(v) for v in value)
     if isinstance(value, dict):
@@ -142,13 +150,13 @@ def frozen(value: Any) -> Any:
 
 
 def versioned(name: str, call: Any) -> str:
-    """The module name torch would give this call: ``name``, then ``name_v1``, ``name_v2``, ...
-    each time one process loads ``name`` with different inputs than the last time.
-
-    A Python extension module is initialised once per interpreter per name, so a second module
-    built under the same name would come back as the first one; torch's versioner avoids that,
-    and so does this (a new name is a new key, built and cached like any other).
-    """
+    # The module name torch would give this call: ``name``, then ``name_v1``, ``name_v2``, ...
+    # each time one process loads ``name`` with different inputs than the last time.
+    #
+    # A Python extension module is initialised once per interpreter per name, so a second module
+    # built under the same name would come back as the first one; torch's versioner avoids that,
+    # and so does this (a new name is a new key, built and cached like any other).
+    #
     with versions_lock:
         cur = versions.get(name)
         if cur is None:
@@ -162,8 +170,8 @@ def versioned(name: str, call: Any) -> str:
 
 
 def quick_settings() -> bool:
-    """True if no setting in the environment needs the full path: only ``STUBCACHE_DIR`` and a
-    well-formed ``STUBCACHE_REQUIRE_HIT`` among the ``STUBCACHE_*`` variables."""
+    # True if no setting in the environment needs the full path: only ``STUBCACHE_DIR`` and a
+    # well-formed ``STUBCACHE_REQUIRE_HIT`` among the ``STUBCACHE_*`` variables.
     data = getattr(os.environ, "_data", None)
     if data is None:
         return False
@@ -175,8 +183,8 @@ def quick_settings() -> bool:
 
 
 def default_root() -> str | None:
-    """The cache root :func:`stubcache.store.default_root` names, where that needs no import:
-    ``STUBCACHE_DIR``, or on Linux platformdirs' ``user_cache_dir`` rule; else ``None``."""
+    # The cache root :func:`stubcache.store.default_root` names, where that needs no import:
+    # ``STUBCACHE_DIR``, or on Linux platformdirs' ``user_cache_dir`` rule; else ``None``.
     env = os.environ.get("STUBCACHE_DIR")
     if env:
         return os.path.abspath(os.path.expanduser(env))
@@ -187,15 +195,17 @@ def default_root() -> str | None:
 
 
 def request_digest(kind: str, request: tuple) -> str | None:
-    """The digest that names a request's record: ``request`` (plain values only: str, bool,
-    None, int, and lists, tuples and dicts of them) with the process's interpreter, ``sys.path``,
-    ``PATH``, compiler-cache variables and uid. ``None`` for a request holding anything else
-    (its ``repr`` would not name it across processes)."""
+    # The digest that names a request's record: ``request`` (plain values only: str, bool,
+    # None, int, and lists, tuples and dicts of them) with the process's interpreter, ``sys.path``,
+    # ``PATH``, compiler-cache variables and uid. ``None`` for a request holding anything else
+    # (its ``repr`` would not name it across processes).
     if not _plain(request):
         return None
-    env = os.environ
-    wrappers = sorted([(k, v) for k, v in env.items() if k.startswith(("CCACHE_", "SCCACHE_", "BUILDCACHE_"))])
-    ident = repr((RECORD_FORMAT, kind, request, os.geteuid(), sys.executable, sys.path, env.get("PATH", ""),
+    data = getattr(os.environ, "_data", None)
+    if data is None:
+        return None
+    wrappers = sorted([(k, v) for k, v in data.items() if k.startswith((b"CCACHE_", b"SCCACHE_", b"BUILDCACHE_"))])
+    ident = repr((RECORD_FORMAT, kind, request, os.geteuid(), sys.executable, sys.path, data.get(b"PATH", b""),
                   wrappers))
     return _sha256(ident.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
@@ -224,14 +234,14 @@ def record_name(digest: str) -> str:
 
 
 class HitRecord:
-    """What a hit through a record needs, written by the full path after it served the request
-    (see the module docstring): the entry's ``key`` and ``base`` key, ``library`` (file name),
-    ``sha256`` and ``size``, the ``name`` it is counted under, the manifest's stat signature, the
-    key environment variables' values (``env``: name, value or ``None``), the ``validators``
-    (path, stat signature or ``None`` for absent) of everything the key was derived from, and
-    the entry's tracked inputs as :func:`stubcache.inputs.still_valid` checks them without
-    reading a file: ``tracked`` (path, signature with ctime) and ``shadows`` (directory, its
-    signature, the names that must not appear there while it differs)."""
+    # What a hit through a record needs, written by the full path after it served the request
+    # (see the module docstring): the entry's ``key`` and ``base`` key, ``library`` (file name),
+    # ``sha256`` and ``size``, the ``name`` it is counted under, the manifest's stat signature, the
+    # key environment variables' values (``env``: name, value or ``None``), the ``validators``
+    # (path, stat signature or ``None`` for absent) of everything the key was derived from, and
+    # the entry's tracked inputs as :func:`stubcache.inputs.still_valid` checks them without
+    # reading a file: ``tracked`` (path, signature with ctime) and ``shadows`` (directory, its
+    # signature, the names that must not appear there while it differs).
 
     __slots__ = ("key", "base", "name", "library", "sha256", "size", "manifest", "env", "validators",
                  "tracked", "shadows")
@@ -255,8 +265,8 @@ class HitRecord:
 
     @classmethod
     def from_dict(cls, data: object) -> "HitRecord | None":
-        """The record in ``data`` (as read from a file), or ``None`` if it is not a well-formed
-        one of this format."""
+        # The record in ``data`` (as read from a file), or ``None`` if it is not a well-formed
+        # one of this format.
         if type(data) is not dict or data.get("format") != RECORD_FORMAT:
             return None
         key, base, name, library, sha, size = (data.get(k) for k in ("key", "base", "name", "library", "sha256",
@@ -272,22 +282,8 @@ class HitRecord:
         env, validators, tracked, shadows = (data.get(k) for k in ("env", "validators", "tracked", "shadows"))
         if not (type(env) is list and type(validators) is list and type(tracked) is list and type(shadows) is list):
             return None
-        for pair in env:
-            if (type(pair) is not list or len(pair) != 2 or type(pair[0]) is not str
-                    or not (pair[1] is None or type(pair[1]) is str)):
-                return None
-        for pair in validators:
-            if type(pair) is not list or len(pair) != 2 or type(pair[0]) is not str or not (
-                    pair[1] is None or _ints(pair[1], 4)):
-                return None
-        for pair in tracked:
-            if type(pair) is not list or len(pair) != 2 or type(pair[0]) is not str or not _ints(pair[1], 5):
-                return None
-        for row in shadows:
-            if (type(row) is not list or len(row) != 3 or type(row[0]) is not str
-                    or not (row[1] is None or _ints(row[1], 3)) or type(row[2]) is not list
-                    or not all(type(n) is str for n in row[2])):
-                return None
+        # The rows' shapes are checked where they are used (_still_holds): a row that is not
+        # what the full path writes fails its comparison or raises there, and the record is ignored.
         return cls(key, base, name, library, sha, size, data["manifest"], env, validators, tracked, shadows)
 
 
@@ -299,8 +295,8 @@ def _ints(value: object, n: int) -> bool:
 
 
 class Hit:
-    """A verified entry found through a record: its ``key``, library ``path`` (under the root),
-    ``fd`` (open on the library, checksummed through it, kept for the process) and ``record``."""
+    # A verified entry found through a record: its ``key``, library ``path`` (under the root),
+    # ``fd`` (open on the library, checksummed through it, kept for the process) and ``record``.
 
     __slots__ = ("key", "path", "fd", "record")
 
@@ -312,7 +308,7 @@ class Hit:
 
 
 def _open_dir_at(dfd: int, name: str) -> int:
-    """Open a directory below ``dfd`` without following a link; it must pass the private rule."""
+    # Open a directory below ``dfd`` without following a link; it must pass the private rule.
     fd = os.open(name, O_DIR, dir_fd=dfd)
     if not private_ok(os.fstat(fd)):
         os.close(fd)
@@ -321,8 +317,8 @@ def _open_dir_at(dfd: int, name: str) -> int:
 
 
 def read_record(state_fd: int, digest: str) -> HitRecord | None:
-    """The record for ``digest`` in the ``state/`` directory open as ``state_fd``: a regular
-    file owned by this user or root, writable by no one else, at most ``RECORD_CAP`` bytes."""
+    # The record for ``digest`` in the ``state/`` directory open as ``state_fd``: a regular
+    # file owned by this user or root, writable by no one else, at most ``RECORD_CAP`` bytes.
     try:
         fd = os.open(record_name(digest), O_READ, dir_fd=state_fd)
     except OSError:
@@ -342,14 +338,25 @@ def read_record(state_fd: int, digest: str) -> HitRecord | None:
 
 
 def _still_holds(record: HitRecord) -> bool:
+    # Whether everything the record's key was derived from is as it was (see HitRecord); False
+    # for a row of any other shape.
+    try:
+        return _unchanged(record)
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+def _unchanged(record: HitRecord) -> bool:
     environ = os.environ
     for name, value in record.env:
-        if environ.get(name) != value:
+        if type(name) is not str or environ.get(name) != value:
             return False
     for path, want in record.validators:
         if path_sig(path) != want:
             return False
     for path, want in record.tracked:  # the tracked inputs, as stubcache.inputs checks them
+        if type(path) is not str:
+            return False
         try:
             st = os.stat(path)
         except OSError:
@@ -357,6 +364,8 @@ def _still_holds(record: HitRecord) -> bool:
         if [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns] != want:
             return False  # touched, maybe changed: the full path hashes it
     for directory, want, names in record.shadows:
+        if type(directory) is not str or type(names) is not list:
+            return False
         try:
             st = os.stat(directory)
             same = [st.st_dev, st.st_ino, st.st_mtime_ns] == want
@@ -364,15 +373,15 @@ def _still_holds(record: HitRecord) -> bool:
             same = want is None
         if not same:
             for rel in names:
-                if os.path.lexists(os.path.join(directory, rel)):
+                if type(rel) is not str or os.path.lexists(os.path.join(directory, rel)):
                     return False
     return True
 
 
 def find(root: str, digest: str) -> Hit | None:
-    """The entry the record ``digest`` in ``root`` names, after every check the full path makes
-    on a hit (see the module docstring), pinned and counted as a hit; ``None`` if anything is
-    not as expected (the caller takes the full path). The library is not loaded here."""
+    # The entry the record ``digest`` in ``root`` names, after every check the full path makes
+    # on a hit (see the module docstring), pinned and counted as a hit; ``None`` if anything is
+    # not as expected (the caller takes the full path). The library is not loaded here.
     try:
         rfd = os.open(root, O_DIR)
     except OSError:
@@ -420,9 +429,9 @@ def _find_in(base: str, base_fd: int, digest: str) -> Hit | None:
         efd = _open_dir_at(entries_fd, key)
         try:
             names = os.listdir(efd)
-            if sorted(names) != sorted(["manifest.json", record.library]):
+            if sorted(names) != sorted([MANIFEST_NAME, record.library]):
                 return None
-            if sig(os.stat("manifest.json", dir_fd=efd, follow_symlinks=False)) != record.manifest:
+            if sig(os.stat(MANIFEST_NAME, dir_fd=efd, follow_symlinks=False)) != record.manifest:
                 return None
             if not _pin(base, base_fd, key):
                 return None
@@ -442,8 +451,8 @@ def _find_in(base: str, base_fd: int, digest: str) -> Hit | None:
 
 
 def _checked_library(efd: int, path: str, record: HitRecord) -> int | None:
-    """The library's fd, opened without following a link, trust-checked and (once per process
-    per file) checksummed through that descriptor; kept in ``LIB_FDS``."""
+    # The library's fd, opened without following a link, trust-checked and (once per process
+    # per file) checksummed through that descriptor; kept in ``LIB_FDS``.
     with PROCESS_LOCK:
         kept = LIB_FDS.get(path)
     if kept is not None:
@@ -474,8 +483,8 @@ def _checked_library(efd: int, path: str, record: HitRecord) -> int | None:
 
 
 def _pin(base: str, base_fd: int, key: str) -> bool:
-    """The shared pin of :meth:`stubcache.store.Store.pin` in a private root, without waiting:
-    False if it cannot be taken at once (the full path waits, bounded, and says why)."""
+    # The shared pin of :meth:`stubcache.store.Store.pin` in a private root, without waiting:
+    # False if it cannot be taken at once (the full path waits, bounded, and says why).
     slot = (os.path.dirname(base), key)
     if slot in PINS:
         return True
@@ -517,9 +526,9 @@ def _pin(base: str, base_fd: int, key: str) -> bool:
 
 
 def touch(fd: int, st: os.stat_result) -> None:
-    """Set a pin's times to now (the last-used stamp), where that cannot reach another file: a
-    pin with one link (a member's hard link to a file outside the root has two), and as root
-    only our own. Best-effort: never fails a load."""
+    # Set a pin's times to now (the last-used stamp), where that cannot reach another file: a
+    # pin with one link (a member's hard link to a file outside the root has two), and as root
+    # only our own. Best-effort: never fails a load.
     try:
         if st.st_nlink == 1 and (os.geteuid() != 0 or st.st_uid == 0):
             os.utime(fd)
@@ -528,8 +537,8 @@ def touch(fd: int, st: os.stat_result) -> None:
 
 
 def load(hit: Hit):
-    """``dlopen`` a verified hit's library by its real path, then check the mapping against the
-    checksummed descriptor; ``None`` (nothing left loaded) if the mapping is not that file."""
+    # ``dlopen`` a verified hit's library by its real path, then check the mapping against the
+    # checksummed descriptor; ``None`` (nothing left loaded) if the mapping is not that file.
     real = REAL_PATHS.get(hit.path)
     if real is None:
         real = REAL_PATHS[hit.path] = os.path.realpath(hit.path)
@@ -545,7 +554,7 @@ _dlinfo = None  # libc's dlinfo through ctypes, looked up on first use (False: u
 
 
 def _load_address(handle: int) -> int | None:
-    """``l_addr`` of the loaded object ``handle`` (``dlinfo(RTLD_DI_LINKMAP)``), or ``None``."""
+    # ``l_addr`` of the loaded object ``handle`` (``dlinfo(RTLD_DI_LINKMAP)``), or ``None``.
     global _dlinfo
     import ctypes
 
@@ -564,9 +573,9 @@ def _load_address(handle: int) -> int | None:
 
 
 def first_segment(fd: int, handle: int) -> str | None:
-    """``/proc/self/map_files`` name of the first loadable segment of the object ``handle``,
-    whose file is open as ``fd``: ``start-end`` as the loader maps it (page-aligned ``p_vaddr``
-    to ``p_vaddr + p_filesz``, shifted by the load address). ``None`` if not ELF64 little-endian."""
+    # ``/proc/self/map_files`` name of the first loadable segment of the object ``handle``,
+    # whose file is open as ``fd``: ``start-end`` as the loader maps it (page-aligned ``p_vaddr``
+    # to ``p_vaddr + p_filesz``, shifted by the load address). ``None`` if not ELF64 little-endian.
     head = os.pread(fd, 64, 0)
     if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
         return None
@@ -593,9 +602,9 @@ def first_segment(fd: int, handle: int) -> str | None:
 
 
 def _mapped_ok(real: str, st: os.stat_result, handle: int, fd: int) -> bool:
-    """The direct way of :func:`stubcache.mapped.check_mapped`: True if the object's first
-    mapping is the verified file (or ``real`` passed before in this process); False if that
-    cannot be established here (the full path then runs the whole check and decides)."""
+    # The direct way of :func:`stubcache.mapped.check_mapped`: True if the object's first
+    # mapping is the verified file (or ``real`` passed before in this process); False if that
+    # cannot be established here (the full path then runs the whole check and decides).
     if real in MAPPED:
         return True
     try:
@@ -610,7 +619,7 @@ def _mapped_ok(real: str, st: os.stat_result, handle: int, fd: int) -> bool:
 
 
 def _load_checked(real: str, st: os.stat_result, fd: int):
-    """``dlopen`` ``real`` and check its mapping against ``fd``; ``None`` (unloaded) on a mismatch."""
+    # ``dlopen`` ``real`` and check its mapping against ``fd``; ``None`` (unloaded) on a mismatch.
     import ctypes
 
     lib = ctypes.CDLL(real)
@@ -631,9 +640,9 @@ def _hit_line(key: str, name: str) -> bytes:
 
 
 def record_event(events_dir: str, line: bytes, mode: int) -> None:
-    """Append one event line to this process's event file under ``events_dir`` (made on the
-    first event, with ``mode``, never through a link, and held with a shared ``flock`` as the
-    "alive" marker before any write; see :mod:`stubcache.events`). Never fails a load."""
+    # Append one event line to this process's event file under ``events_dir`` (made on the
+    # first event, with ``mode``, never through a link, and held with a shared ``flock`` as the
+    # "alive" marker before any write; see :mod:`stubcache.events`). Never fails a load.
     try:
         with _event_lock:
             pid = os.getpid()
@@ -676,9 +685,9 @@ def _open_event_file(events_dir: str, pid: int, mode: int) -> int | None:
 
 
 def placed_copy(dfd: int, name: str, size: int, sha256: str) -> tuple[int, os.stat_result] | None:
-    """An fd on ``name`` in the build directory open as ``dfd`` if it already is our copy of a
-    library of ``size`` bytes and checksum ``sha256`` (a regular file of ours, one link, writable
-    by nobody else, those bytes), else None (see :mod:`stubcache.builddir`)."""
+    # An fd on ``name`` in the build directory open as ``dfd`` if it already is our copy of a
+    # library of ``size`` bytes and checksum ``sha256`` (a regular file of ours, one link, writable
+    # by nobody else, those bytes), else None (see :mod:`stubcache.builddir`).
     try:
         fd = os.open(name, O_READ, dir_fd=dfd)
     except OSError:
@@ -696,8 +705,8 @@ def placed_copy(dfd: int, name: str, size: int, sha256: str) -> tuple[int, os.st
 
 
 def build_directory_problem(st: os.stat_result) -> str | None:
-    """Why a build directory (its ``fstat``) cannot take a library, or ``None``: it must belong
-    to this user or root and not be writable by others unless sticky."""
+    # Why a build directory (its ``fstat``) cannot take a library, or ``None``: it must belong
+    # to this user or root and not be writable by others unless sticky.
     if st.st_uid not in (os.geteuid(), 0):
         return (f"it belongs to uid {st.st_uid}, not to you or root; another user could replace the "
                 "library after it is written there")
@@ -708,11 +717,11 @@ def build_directory_problem(st: os.stat_result) -> str | None:
 
 
 def load_placed(hit: Hit, directory: str, module_name: str) -> str | None:
-    """For a drop-in call with a ``build_directory``: if ``<directory>/<module_name>.so`` already
-    is our verified copy of the hit's library, load that very file (by its real path, then the
-    mapping checked against the descriptor it was checksummed through) and return the path as
-    torch would; else ``None`` (the full path copies it there). Holds the directory's ``flock``
-    while it looks, as :func:`stubcache.builddir.place` does, without waiting for it."""
+    # For a drop-in call with a ``build_directory``: if ``<directory>/<module_name>.so`` already
+    # is our verified copy of the hit's library, load that very file (by its real path, then the
+    # mapping checked against the descriptor it was checksummed through) and return the path as
+    # torch would; else ``None`` (the full path copies it there). Holds the directory's ``flock``
+    # while it looks, as :func:`stubcache.builddir.place` does, without waiting for it.
     import fcntl
 
     name = f"{module_name}.so"
@@ -746,8 +755,8 @@ def load_placed(hit: Hit, directory: str, module_name: str) -> str | None:
 
 
 def write_record(root: str, digest: str, record: HitRecord) -> None:
-    """Write ``record`` for ``digest`` under ``root``'s ``state/`` (atomically, mode ``0600``).
-    Best-effort: a root that cannot take it just keeps taking the full path."""
+    # Write ``record`` for ``digest`` under ``root``'s ``state/`` (atomically, mode ``0600``).
+    # Best-effort: a root that cannot take it just keeps taking the full path.
     from . import _json, locking
 
     try:

@@ -55,7 +55,7 @@ def memo_files(tmp_path) -> list:
 
 
 def test_a_new_root_reads_the_probes_from_the_users_memo(cache_root, logged_cxx, tmp_path):
-    script, log = logged_cxx
+    _, log = logged_cxx
     build(tmp_path / "root-a")
     assert probes(log), "the first root probes the compiler"
     files = memo_files(tmp_path)
@@ -107,7 +107,7 @@ def _spoil(tmp_path, how: str) -> None:
 def test_a_memo_that_is_not_the_users_own_is_ignored(cache_root, logged_cxx, tmp_path, how):
     if how == "not ours" and os.geteuid() != 0:
         pytest.skip("needs root to give the file away")
-    script, log = logged_cxx
+    _, log = logged_cxx
     build(tmp_path / "root-a")
     probes(log)
     _spoil(tmp_path, how)
