@@ -295,7 +295,14 @@ class CacheCore:
         answer it: a published direct build from this root whose tracked inputs are all
         unchanged by signature right now, a spec whose key needs only the base fingerprint, no
         seed stores or remote tier, and a root this user trusts privately. True if a record was
-        written."""
+        written. Never fails the load that called it: a record is only a shortcut."""
+        try:
+            return self._remember_hit(spec, entry, digest)
+        except Exception as exc:  # noqa: BLE001 - a missing shortcut must not fail an engine's start
+            _log.logger().debug("stubcache: no hit record for %s: %r", entry.key, exc)
+            return False
+
+    def _remember_hit(self, spec: StubSpec, entry: Entry, digest: str) -> bool:
         m = entry.manifest
         if (not entry.published or entry.seed or entry.root != self.root or self.seeds
                 or self._remote_config is not None or m.build_method != "direct"
