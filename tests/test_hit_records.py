@@ -203,6 +203,35 @@ def test_a_spoilt_record_is_ignored(cache_root, cxx, how):
     assert cxx.compiles() == 1
 
 
+PATCHED = """
+import sys, ctypes, stubcache
+import torch.utils.cpp_extension as ext
+stubcache.patch_torch()
+path = ext.load_inline("recstub", %r, is_python_module=False, no_implicit_headers=True)
+print(ctypes.CDLL(path).value(), "stubcache.cache" not in sys.modules, "stubcache.compat" not in sys.modules)
+"""
+
+
+@pytest.mark.torch
+def test_a_patched_torch_takes_the_record_too(cache_root, cxx):
+    """An engine under `stubcache run` (torch's load_inline patched): a warm call imports neither
+    the cache nor the whole drop-in."""
+    assert run_py(PATCHED % (SRC % 1,)).stdout.split() == ["1", "False", "False"]
+    assert run_py(PATCHED % (SRC % 1,), env={"STUBCACHE_REQUIRE_HIT": "1"}).stdout.split() == ["1", "True", "True"]
+
+
+def test_the_patched_load_inline_hands_only_unsupported_calls_to_torch(cache_root, monkeypatch):
+    from stubcache import patch
+
+    calls = []
+    monkeypatch.setitem(patch._originals, "load_inline", lambda *a, **k: calls.append(k) or "torch's own")
+    wrapper = patch._wrapper("load_inline")
+    assert wrapper("sycl", "int f();", sycl_sources="x") == "torch's own" and calls == [{"sycl_sources": "x"}]
+    with pytest.raises(ValueError, match="invalid stub name"):  # stubcache's own error, not torch's call
+        wrapper("not a name", "int f();", is_python_module=False)
+    assert len(calls) == 1
+
+
 def test_a_setting_to_check_takes_the_full_path(cache_root, cxx):
     warm(load)
     assert load(env={"STUBCACHE_LOCK_TIMEOUT": "30"})[:2] == (1, False)
