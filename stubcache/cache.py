@@ -478,7 +478,8 @@ class CacheCore:
         found = self._lookup_all(spec, base)
         if not isinstance(found, Entry):
             return None
-        self._event(Event.HIT, found.key, name=spec.name, seed=found.seed or None)
+        if not hitpath.counted_here(self.root, found.key):  # (counted once, through its record)
+            self._event(Event.HIT, found.key, name=spec.name, seed=found.seed or None)
         return found
 
     def _wait(self, spec: StubSpec, base: str, timeout: float, t_wait: float) -> "Entry | Lock":

@@ -71,6 +71,7 @@ def load_inline(
     if (is_python_module is False and not verbose and cuda_sources is None and functions is None
             and not extra_include_paths and sycl_sources is None and extra_sycl_cflags is None
             and with_sycl is None and with_cuda is not True and gil_not_used is False and type(name) is str
+            and name.isascii() and name.isidentifier()
             and cpp_sources and (build_directory is None or type(build_directory) is str)
             and hitpath.quick_settings()):
         call = tuple([hitpath.frozen(args[f]) for f in FORWARDED])

@@ -79,6 +79,9 @@ LIB_FDS: dict[str, int] = {}  # library path -> the fd it was checksummed throug
 REAL_PATHS: dict[str, str] = {}  # library path -> the real path it was first loaded by
 VERIFIED: dict[str, tuple] = {}  # library path -> (dev, ino, size, mtime_ns) when checksummed
 _event_lock = allocate_lock()
+# (root, key) of hits counted here whose entry the full path has not looked up since in this
+# process: its first lookup then counts no second hit (see counted_here).
+COUNTED: set[tuple[str, str]] = set()
 _event_fds: dict[str, tuple[int, int]] = {}  # events dir -> (fd, pid that opened it)
 
 
@@ -452,7 +455,18 @@ def _find_in(base: str, base_fd: int, digest: str) -> Hit | None:
     finally:
         os.close(entries_fd)
     record_event(os.path.join(base, "events"), _hit_line(key, record.name), 0o600)
+    COUNTED.add((os.path.dirname(base), key))
     return Hit(key, path, fd, record)
+
+
+def counted_here(root: str, key: str) -> bool:
+    # True (once) if this process already counted a hit of ``key`` in ``root`` through a record:
+    # the full path's lookup of the same entry (a later ``get_or_build``) is then not a second hit.
+    try:
+        COUNTED.remove((root, key))
+    except KeyError:
+        return False
+    return True
 
 
 def _checked_library(efd: int, path: str, record: HitRecord) -> int | None:

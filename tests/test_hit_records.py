@@ -245,3 +245,19 @@ def test_records_are_private(cache_root, cxx):
     warm(dropin)
     st = records(cache_root)[0].stat()
     assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.geteuid()
+
+
+def test_a_hit_through_a_record_is_counted_once_per_process(cache_root, cxx):
+    """load() through the record, then get_or_build() of the same spec in the same process (the
+    full path's lookup of the same entry): one hit, as when the full path served both."""
+    warm(load)
+    run_py("""
+        import stubcache
+        c = stubcache.StubCache()
+        spec = stubcache.StubSpec("recstub", %r)
+        assert c.load(spec).value() == 1
+        c.get_or_build(spec)
+    """ % (SRC % 1,), env={"STUBCACHE_REQUIRE_HIT": "1"})
+    events = [json.loads(line) for f in (cache_root / "v1" / "events").iterdir()
+              for line in f.read_text().splitlines()]
+    assert sum(e["ev"] == "hit" for e in events) == 2  # warm()'s second process, and this one
