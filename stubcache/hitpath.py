@@ -211,8 +211,11 @@ def request_digest(kind: str, request: tuple) -> str | None:
     import marshal
 
     wrappers = sorted([(k, v) for k, v in data.items() if k.startswith((b"CCACHE_", b"SCCACHE_", b"BUILDCACHE_"))])
-    blob = marshal.dumps((RECORD_FORMAT, kind, request, os.geteuid(), sys.executable, list(sys.path),
-                          data.get(b"PATH", b""), wrappers), 0)
+    # HOME and XDG_CONFIG_HOME name the config files a compiler cache reads (its `compiler =`);
+    # a non-str sys.path entry (a pathlib.Path a program appended) by its repr.
+    path = [p if type(p) is str else repr(p) for p in sys.path]
+    blob = marshal.dumps((RECORD_FORMAT, kind, request, os.geteuid(), sys.executable, path, data.get(b"PATH", b""),
+                          wrappers, data.get(b"HOME"), data.get(b"XDG_CONFIG_HOME")), 0)
     return _sha256(blob).hexdigest()[:32]
 
 

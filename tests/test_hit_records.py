@@ -261,3 +261,17 @@ def test_a_hit_through_a_record_is_counted_once_per_process(cache_root, cxx):
     events = [json.loads(line) for f in (cache_root / "v1" / "events").iterdir()
               for line in f.read_text().splitlines()]
     assert sum(e["ev"] == "hit" for e in events) == 2  # warm()'s second process, and this one
+
+
+def test_another_home_does_not_reuse_a_record(cache_root, cxx, tmp_path):
+    """HOME and XDG_CONFIG_HOME name a compiler cache's config files (its `compiler =`)."""
+    warm(load)
+    assert load(env={"HOME": str(tmp_path)})[:2] == (1, False)
+    assert load(env={"XDG_CONFIG_HOME": str(tmp_path)})[:2] == (1, False)
+
+
+def test_the_request_digest_takes_a_non_str_sys_path_entry(monkeypatch):
+    import pathlib
+
+    monkeypatch.setattr("sys.path", [*__import__("sys").path, pathlib.Path("/nonexistent")])
+    assert hitpath.request_digest("spec", ({"a": "b"},)) is not None
