@@ -24,16 +24,14 @@ if "-m" in _sys.orig_argv and _sys.orig_argv[_sys.orig_argv.index("-m") + 1:][:1
     if _sys.path and not getattr(_sys.flags, "safe_path", False) and _sys.path[0] in ("", _os.getcwd()):
         del _sys.path[0]
 
-from .cache import Entry, StubCache
-from .errors import (BuildError, CacheMissError, IntegrityError, LockTimeoutError, StubCacheError,
-                     TrustError)
-from .manifest import Manifest, __version__
-from .spec import StubSpec
-
-# The drop-ins and torch's patching are imported when first used: a hit through StubCache
-# needs neither (their modules are a tenth of `import stubcache`).
-_LAZY = {"default_cache": "compat", "load": "compat", "load_inline": "compat", "patch_torch": "patch",
-         "unpatch_torch": "patch", "compat": None, "patch": None}  # None: the submodule itself
+# Every name is imported when first used: an engine's warm ``stubcache.load_inline`` call needs
+# only the drop-in's front and the compact hit path (stubcache.dropin, stubcache.hitpath), not
+# the cache, the spec or the errors, each of which costs an engine process ~0.1 ms or more.
+_LAZY = {"Entry": "cache", "StubCache": "front", "StubSpec": "spec", "Manifest": "manifest",
+         "__version__": "manifest", "BuildError": "errors", "CacheMissError": "errors",
+         "IntegrityError": "errors", "LockTimeoutError": "errors", "StubCacheError": "errors",
+         "TrustError": "errors", "load_inline": "dropin", "default_cache": "compat", "load": "compat",
+         "patch_torch": "patch", "unpatch_torch": "patch", "compat": None, "patch": None}  # None: the submodule itself
 
 
 def __getattr__(name: str):

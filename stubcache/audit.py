@@ -93,7 +93,7 @@ def rebuild_entry(store: Store, key: str) -> AuditResult:
     """Rebuild one entry's spec in a private directory and compare the bytes."""
     from . import inputs
     from .builder import build
-    from .cache import StubCache
+    from .front import StubCache
 
     try:
         manifest = trusted_manifest(store, key)

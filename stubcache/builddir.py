@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 
 from . import fsroot, locking
 from ._digest import sha256
+from .hitpath import build_directory_problem, placed_copy
 from .locking import temp_name
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
@@ -65,13 +65,9 @@ def open_build_directory(directory: str) -> int:
             raise _unsafe("it is a symbolic link (stubcache never follows one there)", directory) from None
         raise NotADirectoryError(errno.ENOTDIR, "build_directory is not a directory", directory) from None
     try:
-        st = os.fstat(dfd)
-        if st.st_uid not in (os.geteuid(), 0):
-            raise _unsafe(f"it belongs to uid {st.st_uid}, not to you or root; another user could "
-                          "replace the library after it is written there", directory)
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
-            raise _unsafe(f"it is writable by others (mode {stat.S_IMODE(st.st_mode):o}) and not sticky; "
-                          "another user could replace the library after it is written there", directory)
+        problem = build_directory_problem(os.fstat(dfd))
+        if problem is not None:
+            raise _unsafe(problem, directory)
     except BaseException:
         os.close(dfd)
         raise
@@ -79,33 +75,11 @@ def open_build_directory(directory: str) -> int:
 
 
 def _same_library(dfd: int, name: str, manifest: Manifest) -> tuple[int, os.stat_result] | None:
-    """An fd on ``name`` if it already is our copy of the library (a regular file of ours, one
-    link, writable by nobody else, the manifest's size and checksum), else None. Reusing it keeps
-    one inode for processes sharing a fixed name in one directory (the NCCL allocators)."""
-    try:
-        fd = fsroot.open_regular(dfd, name)
-    except OSError:  # absent, a link, a FIFO, a directory: replaced below (or the rename says why)
-        return None
-    try:
-        st = os.fstat(fd)
-        if (st.st_uid == os.geteuid() and st.st_nlink == 1 and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-                and st.st_size == manifest.size and _sha256_fd(fd, st.st_size) == manifest.sha256):
-            return fd, st
-    except OSError:
-        pass
-    os.close(fd)
-    return None
-
-
-def _sha256_fd(fd: int, size: int) -> str:
-    h = sha256(large=size > _COPY_CHUNK)
-    offset = 0
-    while True:
-        chunk = os.pread(fd, _COPY_CHUNK, offset)
-        if not chunk:
-            return h.hexdigest()
-        h.update(chunk)
-        offset += len(chunk)
+    """An fd on ``name`` if it already is our copy of the library (see
+    :func:`stubcache.hitpath.placed_copy`, which a warm drop-in call uses directly), else None.
+    Reusing it keeps one inode for processes sharing a fixed name in one directory (the NCCL
+    allocators)."""
+    return placed_copy(dfd, name, manifest.size, manifest.sha256)
 
 
 def _copy_verified(src_fd: int, dst_fd: int, manifest: Manifest, source: str) -> None:

@@ -1,4 +1,6 @@
-"""``StubCache``: look up, or build once per host under a per-key lock, publish, load."""
+"""The cache behind :class:`stubcache.StubCache`: look up, or build once per host under a per-key
+lock, publish, load (:class:`CacheCore`). ``StubCache`` itself (:mod:`stubcache.front`) answers a
+warm ``load`` through the compact hit path and hands everything else to a ``CacheCore``."""
 
 from __future__ import annotations
 
@@ -6,9 +8,9 @@ import ctypes  # every user loads a library; importing it here keeps ~1 ms off t
 import errno
 import os
 import time
-from _thread import LockType, RLock, allocate_lock  # threading's locks without importing threading (hit path)
+from _thread import LockType, allocate_lock  # threading's locks without importing threading (hit path)
 
-from . import events, fsroot
+from . import events, fsroot, hitpath
 from ._lazy import lazy_module
 from .fingerprint import Fingerprint
 from .errors import (BuildError, CacheMissError, IntegrityError, LockTimeoutError, StubCacheError,
@@ -38,11 +40,12 @@ _warned_degraded: set[str] = set()  # roots this process has already warned abou
 
 # Descriptors are per process, not per StubCache: many instances on one root share one pin per
 # entry and one open library per file, so creating instances does not leak descriptors.
-_PROCESS_LOCK = RLock()
-_PINS: dict[tuple[str, str], int] = {}
-_LIB_FDS: dict[str, int] = {}
-_REAL_PATHS: dict[str, str] = {}  # entry path -> the real path it was first loaded by
-_VERIFIED: dict[str, tuple] = {}
+# They are hitpath's tables: a hit through a record (stubcache.hitpath) and this path share them.
+_PROCESS_LOCK = hitpath.PROCESS_LOCK
+_PINS = hitpath.PINS
+_LIB_FDS = hitpath.LIB_FDS
+_REAL_PATHS = hitpath.REAL_PATHS  # entry path -> the real path it was first loaded by
+_VERIFIED = hitpath.VERIFIED
 _BASE_KEYS_MAX = 64  # specs whose base key a cache remembers (see StubCache._base_key)
 
 
@@ -98,6 +101,33 @@ def _remote_config():
     return config_from_env()
 
 
+def _unchanged_inputs(headers: dict, inputs: dict | None, memo_path: str | None) -> tuple[list, list] | None:
+    """An entry's tracked inputs as a hit record checks them (see :class:`hitpath.HitRecord`):
+    each file with its signature now, where that signature is one :func:`inputs.still_valid`
+    accepts without reading the file (the manifest's, or one this root remembers as re-hashed
+    and unchanged); ``None`` if any file's is not."""
+    from .inputs import _hashes, _read_sig_memo, signature
+
+    try:
+        sigs = (inputs or {}).get("sigs") or {}
+        memo = None
+        tracked = []
+        for path, digest in headers.items():
+            sig = signature(os.stat(path))
+            if sigs.get(path) != sig:
+                seen = _hashes.get(path)
+                if seen is None or seen != (sig, digest):
+                    if memo is None:
+                        memo = _read_sig_memo(memo_path)
+                    if memo.get(path) != sig:
+                        return None
+            tracked.append([path, sig])
+        shadows = [[d, dsig, list(names)] for d, (dsig, names) in ((inputs or {}).get("shadows") or {}).items()]
+    except (OSError, TypeError, ValueError, AttributeError):
+        return None
+    return tracked, shadows
+
+
 def _require_hit_error(spec: StubSpec, base: str, root: str) -> CacheMissError:
     return CacheMissError(
         f"STUBCACHE_REQUIRE_HIT is set and {spec!r} (key {base}) is in neither the cache at "
@@ -130,8 +160,9 @@ def root_policy(root: str) -> TrustPolicy | None:
     return policy
 
 
-class StubCache:
-    """A content-addressed cache of built stubs under one root directory.
+class CacheCore:
+    """A content-addressed cache of built stubs under one root directory (the whole of
+    :class:`stubcache.StubCache`, which makes one on first use).
 
     Args:
         root: cache root; default ``STUBCACHE_DIR`` or ``platformdirs.user_cache_dir("stubcache")``.
@@ -257,6 +288,54 @@ class StubCache:
                 _ctypes.dlclose(lib._handle)
                 raise
             return lib
+
+    def remember_hit(self, spec: StubSpec, entry: Entry, digest: str) -> bool:
+        """Leave a hit record (:mod:`stubcache.hitpath`) for the request named ``digest``, whose
+        spec is ``spec`` and which this cache just served with ``entry``, if such a record can
+        answer it: a published direct build from this root whose tracked inputs are all
+        unchanged by signature right now, a spec whose key needs only the base fingerprint, no
+        seed stores or remote tier, and a root this user trusts privately. True if a record was
+        written. Never fails the load that called it: a record is only a shortcut."""
+        try:
+            return self._remember_hit(spec, entry, digest)
+        except Exception as exc:  # noqa: BLE001 - a missing shortcut must not fail an engine's start
+            _log.logger().debug("stubcache: no hit record for %s: %r", entry.key, exc)
+            return False
+
+    def _remember_hit(self, spec: StubSpec, entry: Entry, digest: str) -> bool:
+        m = entry.manifest
+        if (not entry.published or entry.seed or entry.root != self.root or self.seeds
+                or self._remote_config is not None or m.build_method != "direct"
+                or spec.tracks_headers or spec.cuda_sources
+                or spec.effective_with_cuda or spec.host_targets or spec.tool_flags):
+            return False
+        policy = self._policies.get(self.root)
+        if policy is None or policy.shared or not self.store.ready:
+            return False
+        from .fingerprint import KEY_ENV_VARS, _env_from_snapshot, _env_snapshot, _fast_memo_path, _load_json
+
+        fp = self.fingerprint.base()
+        try:
+            memo = _load_json(_fast_memo_path(self.store.path("state"), _env_from_snapshot(_env_snapshot())))
+            if memo["fp"] != fp or not isinstance(memo["validators"], list):
+                return False
+            manifest_sig = hitpath.sig(os.lstat(os.path.join(self.store.entry_dir(entry.key), MANIFEST_NAME)))
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        tracked = _unchanged_inputs(m.headers, m.inputs, self._sig_memo(self.store, entry.key))
+        if tracked is None:
+            return False
+        here = os.path.dirname(os.path.abspath(__file__))
+        code = [os.path.join(here, mod.rsplit(".", 1)[1] + ".py") for mod in hitpath.KEY_MODULES]
+        record = hitpath.HitRecord(
+            key=entry.key, base=m.base_key, name=spec.name, library=m.library, sha256=m.sha256, size=m.size,
+            manifest=manifest_sig, env=[[n, os.environ.get(n)] for n in KEY_ENV_VARS],
+            validators=list(memo["validators"]) + [[p, hitpath.path_sig(p)] for p in code],
+            tracked=tracked[0], shadows=tracked[1])
+        if hitpath.HitRecord.from_dict(record.to_dict()) is None:  # a value it would refuse to read
+            return False
+        hitpath.write_record(self.root, digest, record)
+        return True
 
     # --- internals ---------------------------------------------------------------------------
 
@@ -399,7 +478,8 @@ class StubCache:
         found = self._lookup_all(spec, base)
         if not isinstance(found, Entry):
             return None
-        self._event(Event.HIT, found.key, name=spec.name, seed=found.seed or None)
+        if not hitpath.counted_here(self.root, found.key):  # (counted once, through its record)
+            self._event(Event.HIT, found.key, name=spec.name, seed=found.seed or None)
         return found
 
     def _wait(self, spec: StubSpec, base: str, timeout: float, t_wait: float) -> "Entry | Lock":

@@ -8,7 +8,9 @@ from _thread import allocate_lock  # threading.Lock without importing threading 
 
 from . import kpath
 from ._lazy import lazy_module
-from .cache import Entry, StubCache
+from .cache import Entry
+from .front import StubCache
+from .hitpath import frozen, versioned, versions as _versions, versions_lock
 from .fingerprint import _env_snapshot
 from .patch import mark
 from .spec import FIELDS, StubSpec
@@ -24,7 +26,6 @@ progress = lazy_module("stubcache.progress")  # verbose builds only: not importe
 _caches: dict[str, StubCache] = {}
 _modules: dict[tuple, Any] = {}
 _call_memo: dict[tuple, Any] = {}
-_versions: dict[str, tuple[int, Any]] = {}  # name -> (version, the call it was last loaded with)
 # The spec fields load_inline takes from torch's parameters of the same name (FIELDS' torch
 # column), in order; ``name`` is not among them: the drop-in versions it first.
 _FORWARDED = tuple(f.name for f in FIELDS if f.torch and f.name != "name")
@@ -35,33 +36,9 @@ class Unsupported(ValueError):
     to torch's own function instead."""
 
 
-def _frozen(value: Any) -> Any:
-    """A hashable form of a load_inline argument (lists become tuples, dicts sorted items)."""
-    if isinstance(value, (list, tuple)):
-        return tuple(_frozen(v) for v in value)
-    if isinstance(value, dict):
-        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
-    return value
-
-
+_frozen = frozen
+_versioned = versioned
 _lock = allocate_lock()
-
-
-def _versioned(name: str, call: Any) -> str:
-    """The module name torch would give this call: ``name``, then ``name_v1``, ``name_v2``, ...
-    each time one process loads ``name`` with different inputs than the last time.
-
-    A Python extension module is initialised once per interpreter per name, so a second module
-    built under the same name would come back as the first one; torch's versioner avoids that,
-    and so does this (a new name is a new key, built and cached like any other).
-    """
-    with _lock:
-        cur = _versions.get(name)
-        if cur is None:
-            cur = _versions[name] = (0, call)
-        elif cur[1] != call:
-            cur = _versions[name] = (cur[0] + 1, call)
-    return name if cur[0] == 0 else f"{name}_v{cur[0]}"
 
 
 def _functions_like_torch(functions: Any) -> Any:
@@ -201,17 +178,25 @@ def load_inline(
     but never seen by a shell; ``functions`` may also be a tuple. SYCL and ``gil_not_used`` are not
     supported (:class:`Unsupported`, a ``ValueError``; a patched torch hands such calls to torch).
     """
-    _unsupported(sycl_sources=sycl_sources, extra_sycl_cflags=extra_sycl_cflags, with_sycl=with_sycl,
-                 gil_not_used=gil_not_used)
-    functions = _functions_like_torch(functions)
+    return load_inline_recording(None, locals())
+
+
+def load_inline_recording(record: str | None, args: dict[str, Any]) -> Any:
+    """:func:`load_inline` with its arguments by name; with ``record`` (a digest from
+    :func:`stubcache.hitpath.request_digest`), a hit record is left for that call where the
+    entry qualifies (see :meth:`StubCache.remember_hit`), so the next process's identical call
+    takes the compact hit path (:mod:`stubcache.dropin`)."""
+    _unsupported(sycl_sources=args["sycl_sources"], extra_sycl_cflags=args["extra_sycl_cflags"],
+                 with_sycl=args["with_sycl"], gil_not_used=args["gil_not_used"])
+    args = dict(args, functions=_functions_like_torch(args["functions"]))
+    name, cpp_sources, build_directory = args["name"], args["cpp_sources"], args["build_directory"]
     if cpp_sources is None:  # torch fails joining it: a TypeError there too
         raise TypeError("cpp_sources must be str or a list of str, got None")
-    if not cpp_sources and not cuda_sources and isinstance(cpp_sources, (str, list, tuple)):
-        cpp_sources = [""]  # torch builds an empty main.cpp (its headers only): so does the spec
+    if not cpp_sources and not args["cuda_sources"] and isinstance(cpp_sources, (str, list, tuple)):
+        args["cpp_sources"] = [""]  # torch builds an empty main.cpp (its headers only): so does the spec
     root = default_root()
     # Repeated calls with the same arguments (engines call this per layer or per request) skip
     # validation and hashing: torch returns the already-loaded module in that case too.
-    args = locals()  # the arguments by name (functions as read above): see _FORWARDED
     memo_key = call = None
     try:
         call = tuple([_frozen(args[f]) for f in _FORWARDED])
@@ -226,11 +211,13 @@ def load_inline(
     if hit is not None:
         return hit
     fields = {f: args[f] for f in _FORWARDED}
-    fields["no_implicit_headers"] = bool(no_implicit_headers)  # torch's False keeps the headers; None would decide
+    fields["no_implicit_headers"] = bool(args["no_implicit_headers"])  # torch's False keeps the headers; None would decide
     spec = StubSpec(module_name, **fields)
-    entry, result = _get_and_import(spec, verbose, name, call, build_directory)
+    entry, result = _get_and_import(spec, args["verbose"], name, call, build_directory)
     if memo_key is not None and build_directory is None and entry.published and not spec.tracks_headers:
         _call_memo[memo_key] = result
+    if record is not None and module_name == name:
+        default_cache().remember_hit(spec, entry, record)
     return result
 
 
@@ -263,7 +250,7 @@ def _get_and_import(spec: StubSpec, verbose: bool, name: Any = None, call: Any =
     with _verbose_scope(verbose):
         entry = cache.get_or_build(spec)
         while spec.is_python_module and isinstance(name, str):
-            with _lock:
+            with versions_lock:
                 prev = _imported.setdefault(spec.name, entry.key)
                 if prev == entry.key:
                     break

@@ -9,11 +9,9 @@ just being opened, so it is never taken for finished).
 
 from __future__ import annotations
 
-import os
 import time
-from _thread import allocate_lock  # threading.Lock without importing threading (hit path)
 
-from . import _json
+from . import _json, hitpath
 
 class Event:
     """The event names (the ``"ev"`` field of each line): every writer records one of these and
@@ -46,8 +44,6 @@ class Event:
 
 EVENTS = frozenset(v for k, v in vars(Event).items() if k.isupper())  # every name a writer may use
 
-_lock = allocate_lock()
-_fds: dict[str, int] = {}
 
 
 def file_mode(shared: bool) -> int:
@@ -66,28 +62,4 @@ def record(events_dir: str, event: str, key: str = "", seconds: float | None = N
         rec["s"] = round(seconds, 6)
     rec.update(extra)
     line = (_json.dumps(rec, separators=(",", ":")) + "\n").encode()
-    try:
-        with _lock:
-            fd = _fds.get(events_dir)
-            pid = os.getpid()
-            if fd is None or _fds.get(events_dir + ":pid") != pid:  # reopen after fork
-                from . import fsroot, locking
-
-                name = f"{fsroot.check_name(os.uname().nodename)}-{pid}-{os.urandom(6).hex()}.jsonl"
-                dfd = fsroot.open_dir(events_dir)  # a planted link in its place is not followed
-                try:
-                    fd = locking.open_new(dfd, name, mode=file_mode, append=True)
-                finally:
-                    os.close(dfd)
-                try:  # "alive" marker, before any write; dropped at exit. Never waits.
-                    alive = locking.try_flock(fd, locking.SH)
-                except OSError:
-                    alive = False
-                if not alive:
-                    os.close(fd)
-                    return
-                _fds[events_dir] = fd
-                _fds[events_dir + ":pid"] = pid
-            os.write(fd, line)
-    except (OSError, ValueError):
-        pass  # counters must never break a load
+    hitpath.record_event(events_dir, line, file_mode)  # one file per process, shared with the hit path

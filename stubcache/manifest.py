@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 from . import _json
+from .hitpath import MANIFEST_NAME  # one spelling, shared with the compact hit path
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
 if TYPE_CHECKING:
     from typing import Any
 
-MANIFEST_NAME = "manifest.json"
-
 # The package version, in one place: every manifest records it, ``stubcache.__version__``
 # re-exports it and ``pyproject.toml`` reads this line (setuptools ``attr:``, parsed without
-# importing). Every process imports this module anyway, so it costs nothing at import.
+# importing). A warm hit through the compact hit path never imports this module.
 __version__ = "0.1.0"
 
 

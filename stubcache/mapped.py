@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import os
 
-from .errors import IntegrityError
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
+if TYPE_CHECKING:
+    from .errors import IntegrityError
 
 
 def _mappings(path: str) -> list[tuple[int, int, str]]:
@@ -39,59 +41,9 @@ def _mappings(path: str) -> list[tuple[int, int, str]]:
     return out
 
 
-_checked: set[str] = set()  # paths loaded and checked in this process
-_RTLD_DI_LINKMAP = 2
-_PT_LOAD = 1
-_dlinfo = None  # libc's dlinfo through ctypes, looked up on first use (False: unavailable)
-
-
-def _load_address(handle: int) -> int | None:
-    """``l_addr`` of the loaded object ``handle`` (``dlinfo(RTLD_DI_LINKMAP)``), or ``None``."""
-    global _dlinfo
-    import ctypes
-
-    if _dlinfo is None:
-        try:
-            _dlinfo = ctypes.CDLL(None).dlinfo
-            _dlinfo.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
-        except (OSError, AttributeError):
-            _dlinfo = False
-    if not _dlinfo:
-        return None
-    lm = ctypes.c_void_p()
-    if _dlinfo(handle, _RTLD_DI_LINKMAP, ctypes.byref(lm)) != 0 or not lm.value:
-        return None
-    return ctypes.c_size_t.from_address(lm.value).value  # struct link_map's first field, l_addr
-
-
-def _first_segment(fd: int, handle: int) -> str | None:
-    """``/proc/self/map_files`` name of the first loadable segment of the object ``handle``,
-    whose file is open as ``fd``: ``start-end`` as the loader maps it (page-aligned ``p_vaddr``
-    to ``p_vaddr + p_filesz``, shifted by the load address). ``None`` if not ELF64 little-endian."""
-    head = os.pread(fd, 64, 0)
-    if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
-        return None
-    phoff = int.from_bytes(head[32:40], "little")
-    phentsize = int.from_bytes(head[54:56], "little")
-    phnum = int.from_bytes(head[56:58], "little")
-    if phentsize < 56 or not 0 < phnum < 256:
-        return None
-    table = os.pread(fd, phentsize * phnum, phoff)
-    for i in range(0, len(table) - 55, phentsize):
-        if int.from_bytes(table[i:i + 4], "little") == _PT_LOAD:
-            vaddr = int.from_bytes(table[i + 16:i + 24], "little")
-            filesz = int.from_bytes(table[i + 32:i + 40], "little")
-            break
-    else:
-        return None
-    base = _load_address(handle)
-    if base is None:
-        return None
-    page = os.sysconf("SC_PAGE_SIZE")
-    start = base + (vaddr & ~(page - 1))
-    end = base + ((vaddr + filesz + page - 1) & ~(page - 1))
-    return f"{start:x}-{end:x}"
-
+# The direct way's pieces live in stubcache.hitpath, which checks a recorded hit's mapping
+# without importing this module; both share the set of paths already checked.
+from .hitpath import MAPPED as _checked, first_segment as _first_segment  # noqa: E402
 
 def check_mapped(path: str, st: os.stat_result, sha256: str, handle: int | None = None,
                  fd: int | None = None) -> None:
@@ -117,6 +69,7 @@ def check_mapped(path: str, st: os.stat_result, sha256: str, handle: int | None 
         if mapped is not None and (mapped.st_dev, mapped.st_ino) == (st.st_dev, st.st_ino):
             _checked.add(path)
             return
+    from .errors import IntegrityError  # the full way only: a hit that matches never imports it
     from .store import file_sha256
 
     maps = _mappings(os.path.realpath(path))

@@ -12,12 +12,13 @@ from __future__ import annotations
 import sys
 from _thread import RLock  # threading.RLock without importing threading (hit path)
 
+from .dropin import MARK as _MARK  # set on the drop-ins and on the wrappers installed here
+
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
 if TYPE_CHECKING:
     from typing import Any, Callable
 
 NAMES = ("load_inline", "load")
-_MARK = "__stubcache_dropin__"
 _MODULE = "torch.utils.cpp_extension"
 _originals: dict[str, Callable[..., Any]] = {}
 _lock = RLock()
@@ -64,21 +65,33 @@ def torch_original(name: str) -> Callable[..., Any]:
 
 
 def _wrapper(name: str) -> Callable[..., Any]:
-    from . import compat
-
-    dropin = getattr(compat, name)
+    # Nothing heavy is imported here: under `stubcache run` this runs as torch's cpp_extension is
+    # first imported, and a warm load_inline call then takes the compact hit path (its front,
+    # stubcache.dropin); the whole drop-ins (stubcache.compat) load on the first call that needs them.
     original = torch_original(name)
+    front = None
+    if name == "load_inline":
+        from .dropin import load_inline as front
 
     def patched(*args: Any, **kwargs: Any) -> Any:
+        fn = front
+        if fn is None:
+            from . import compat
+
+            fn = getattr(compat, name)
         try:
-            return dropin(*args, **kwargs)
-        except compat.Unsupported:
+            return fn(*args, **kwargs)
+        except ValueError as exc:  # compat.Unsupported is one; compat is imported only then
+            from .compat import Unsupported
+
+            if not isinstance(exc, Unsupported):
+                raise
             # An option stubcache does not handle (SYCL, is_standalone, ...): torch's own loader,
             # exactly as the unpatched program would have called it.
             return original(*args, **kwargs)
 
     patched.__name__ = patched.__qualname__ = name
-    patched.__doc__ = dropin.__doc__
+    patched.__doc__ = (front or original).__doc__  # load: torch's own text (same parameters)
     patched.__wrapped__ = original  # type: ignore[attr-defined]
     return mark(patched)
 

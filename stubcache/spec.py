@@ -9,8 +9,6 @@ which the rest (slots, checks, JSON form, key rules, torch mapping) is derived; 
 from __future__ import annotations
 
 import os
-from . import kpath
-from .flagscan import scan
 from _collections_abc import Mapping  # collections.abc without importing collections (hit path)
 from _operator import attrgetter  # operator.attrgetter without importing operator.py (hit path)
 
@@ -184,7 +182,12 @@ def mentions_torch(sources: Iterable[str]) -> bool:
 def _include_paths(value: Any, field: str) -> tuple[str, ...]:
     # Absolute, but `current/../shared` kept: the compiler resolves `..` from where a symlinked
     # `current` points, and os.path.abspath would name another directory.
-    return tuple([kpath.absolute(p) for p in _flag_list(value, field)])
+    paths = _flag_list(value, field)
+    if not paths:
+        return ()
+    from . import kpath  # include paths only: a spec without them never imports it
+
+    return tuple([kpath.absolute(p) for p in paths])
 
 
 def _builder(value: Any, field: str) -> str | None:
@@ -352,12 +355,19 @@ class StubSpec:
             _set(self, field, stored_default if value is default else check(value, field))
         # Every list that reaches a compiler or linker, scanned once (stubcache.flagscan): on
         # the direct path compile and link are one command, so ldflags search headers too.
-        found = scan(self.extra_cflags, self.extra_cuda_cflags, self.extra_ldflags)
-        _set(self, "_host_targets", found.host_targets)
-        # The tools the C++ driver runs: nvcc's flags do not reach it.
-        _set(self, "_tool_flags", (scan(self.extra_cflags, self.extra_ldflags) if self.extra_cuda_cflags
-                                   else found).tool_flags)
-        _set(self, "_reads_user_files", found.reads_user_files)
+        if self.extra_cflags or self.extra_cuda_cflags or self.extra_ldflags:
+            from .flagscan import scan  # flags only: a spec without them never imports it
+
+            found = scan(self.extra_cflags, self.extra_cuda_cflags, self.extra_ldflags)
+            _set(self, "_host_targets", found.host_targets)
+            # The tools the C++ driver runs: nvcc's flags do not reach it.
+            _set(self, "_tool_flags", (scan(self.extra_cflags, self.extra_ldflags) if self.extra_cuda_cflags
+                                       else found).tool_flags)
+            _set(self, "_reads_user_files", found.reads_user_files)
+        else:  # what scan() finds in no flags
+            _set(self, "_host_targets", ())
+            _set(self, "_tool_flags", ())
+            _set(self, "_reads_user_files", False)
         if builder == "direct" and not self._direct_ok():
             raise ValueError(f"stub {name!r} cannot take the direct build path: it needs torch headers, "
                              "a Python module or CUDA")

@@ -27,16 +27,16 @@ from . import fsroot, locking
 from ._digest import LARGE, sha256
 from ._lazy import lazy_module
 from .fsroot import check_name
+# The layout's name and the last-used rules, shared with the compact hit path, which pins too.
+from .hitpath import LAST_USED_RESOLUTION, LAYOUT, NEVER_HIT_ATIME_NS
+from .hitpath import touch as _touch_pin
 from .manifest import MANIFEST_NAME, Manifest
 from .trust import TrustPolicy
 
 _log = lazy_module("stubcache._log")  # warnings only: not imported on a hit
 
-LAYOUT = "v1"
 SUBDIRS = ("entries", "variants", "staging", "locks", "leases", "failures", "pins",
            "quarantine", "trash", "events", "state")
-LAST_USED_RESOLUTION = 1.0  # seconds: a hit rewrites a last-used stamp older than this
-NEVER_HIT_ATIME_NS = 0  # a pin's atime from publish until its first hit (see Store.publish)
 
 
 def file_sha256(fd_or_path) -> str:
@@ -550,16 +550,11 @@ _BASE_LOCK = __import__("_thread").allocate_lock()  # threading.Lock without imp
 
 
 def _touch(fd: int | None, st: os.stat_result | None = None) -> None:
-    """Set a pin's times to now (the last-used stamp), where that cannot reach another file: a
-    pin with one link (a member's hard link to a file outside the root has two), and as root
-    only our own. The kernel allows a member of a shared root this on a group-writable pin it
-    does not own (``utime`` to now needs write access only). Best-effort: never fails a load."""
+    """Set a pin's times to now (the last-used stamp): :func:`stubcache.hitpath.touch`."""
     if fd is None:
         return
     try:
-        st = os.fstat(fd) if st is None else st
-        if st.st_nlink == 1 and (os.geteuid() != 0 or st.st_uid == 0):
-            os.utime(fd)
+        _touch_pin(fd, os.fstat(fd) if st is None else st)
     except OSError:
         pass
 

@@ -108,7 +108,7 @@ def memo(state_dir: str | None, memo_key: str, compute, valid=None, read_only: b
     if value is not None and (valid is None or valid(value)):
         return value
     if read_only:
-        return compute()
+        return _host_answer(memo_key, compute, valid, keep=False)
     from . import fsroot, locking
 
     try:
@@ -127,12 +127,29 @@ def memo(state_dir: str | None, memo_key: str, compute, valid=None, read_only: b
 
             _log.warning("stubcache: the toolchain memo lock %s.lock is held by %s past %.0fs; probing "
                          "without it", path, locking.describe_holders(lock_fd), _memo_wait())
-        value = compute()
+        value = _host_answer(memo_key, compute, valid)
         _write_json(path, {"memo_key": memo_key, "value": value})
         return value
     finally:
         if lock_fd >= 0:
             os.close(lock_fd)
+
+
+def _host_answer(memo_key: str, compute, valid=None, keep: bool = True):
+    """The answer this user's probe memo keeps for ``memo_key`` (:mod:`stubcache.probememo`), if
+    it is still valid; else ``compute()``, kept there for the next root (unless not ``keep``)."""
+    from . import probememo
+
+    value = probememo.read(memo_key)
+    try:
+        if value is not None and (valid is None or valid(value)):
+            return value
+    except (TypeError, ValueError, AttributeError, KeyError):
+        pass  # not an answer a probe gives: probe again
+    value = compute()
+    if keep:
+        probememo.write(memo_key, value)
+    return value
 
 
 def compiler_identity(command: str, memo: Callable) -> dict[str, Any]:

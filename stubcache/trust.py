@@ -13,8 +13,7 @@ import os
 import stat
 
 from .errors import TrustError
-
-CONFIG_NAME = "stubcache-root.json"  # at the root, beside v1/
+from .hitpath import CONFIG_NAME  # at the root, beside v1/ (the compact hit path checks it too)
 
 
 class TrustPolicy:

@@ -140,7 +140,7 @@ def test_a_library_with_an_undefined_symbol_is_a_build_error_and_never_published
     n = cxx.compiles()
     out = run_py("""
         import stubcache
-        from stubcache.cache import StubCache
+        from stubcache import StubCache
         spec = stubcache.StubSpec("undef", 'extern "C" int g(void);\\nextern "C" int value(void) { return g() + 1; }\\n')
         try:
             StubCache().get_or_build(spec)

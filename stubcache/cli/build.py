@@ -23,7 +23,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
         except SpecRefError as exc:
             raise UsageError(str(exc)) from None
     os.environ.pop("STUBCACHE_REQUIRE_HIT", None)  # warming is how a require-hit cache gets filled
-    from ..cache import StubCache
+    from ..front import StubCache
 
     cache = StubCache(_root(args))
     from ..progress import Bar

@@ -203,7 +203,7 @@ def _resolve(ref: str, store) -> list[dict[str, Any]]:
             specs = load_specs(ref)
         except SpecRefError as exc:
             raise UsageError(str(exc)) from None
-        from ..cache import StubCache
+        from ..front import StubCache
 
         cache = StubCache(store.root)
         items = []

@@ -1,0 +1,108 @@
+"""The toolchain probes' memo per user and host, in the user's own state directory.
+
+:func:`stubcache.toolchain.memo` keeps each probe's answer in the cache root's ``state/``, so a
+fresh root's first stub used to run the compiler driver about ten times (``--version``, ``-###``,
+``-print-prog-name``, ``-E -v``, ``as``/``ld --version``, ...) before it could compile. The
+answers depend on the host's binaries, not on the root, so they are also kept here,
+``$XDG_STATE_HOME/stubcache/probes/`` (:func:`memo_dir`), and a new root reads them instead of
+probing. Each is stored under the same memo key as in a root (which names the binaries by path,
+size and modification time, ``PATH`` and the variables that steer the driver) and is still
+subject to the probe's own check (:func:`stubcache.toolchain.memo`'s ``valid``: the stat
+signatures of the compiler proper, assembler and linker it found), so a changed binary is probed
+again.
+
+A probe's answer decides which files a build tracks, so it is trusted only as the user's own:
+the directory is opened without following a link and must belong to this user and be writable by
+no one else; a file must be a regular file of this user's that no one else can write, at most
+:data:`CAP` bytes, whose memo key is exactly the one asked for. Anything else is ignored (and
+probed again); nothing here ever fails a build. At most :data:`MAX_FILES` answers are kept.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from . import _json, fsroot
+from ._digest import sha256
+
+CAP = fsroot.SMALL_CAP * 16
+MAX_FILES = 256
+
+
+def memo_dir() -> str:
+    """Where this user's probe answers are kept: ``$XDG_STATE_HOME/stubcache/probes``, or
+    ``~/.local/state/stubcache/probes`` (platformdirs' ``user_state_dir`` on Linux, computed
+    here: a build must not depend on platformdirs being importable)."""
+    base = os.environ.get("XDG_STATE_HOME", "").strip() or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "stubcache", "probes")
+
+
+def _name(memo_key: str) -> str:
+    return sha256(memo_key.encode("utf-8", "surrogatepass")).hexdigest()[:32] + ".json"
+
+
+def _own(st: os.stat_result) -> bool:
+    return st.st_uid == os.geteuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def _open_dir(create: bool) -> int | None:
+    path = memo_dir()
+    try:
+        if create:
+            os.makedirs(path, 0o700, exist_ok=True)
+        fd = os.open(path, fsroot.O_DIR)
+    except OSError:
+        return None
+    if not _own(os.fstat(fd)):
+        os.close(fd)
+        return None
+    return fd
+
+
+def read(memo_key: str) -> dict | None:
+    """The answer kept for ``memo_key`` (a probe's answer is a JSON object), or ``None``."""
+    dfd = _open_dir(create=False)
+    if dfd is None:
+        return None
+    try:
+        fd = fsroot.open_regular(dfd, _name(memo_key))
+        try:
+            if not _own(os.fstat(fd)):
+                return None
+            data = _json.loads(fsroot.read_fd(fd, CAP))
+        finally:
+            os.close(fd)
+        if isinstance(data, dict) and data.get("memo_key") == memo_key and isinstance(data.get("value"), dict):
+            return data["value"]
+    except (OSError, ValueError, RecursionError):
+        pass
+    finally:
+        os.close(dfd)
+    return None
+
+
+def write(memo_key: str, value) -> None:
+    """Keep ``value`` as the answer for ``memo_key`` (atomically, mode ``0600``); best-effort."""
+    from . import locking
+
+    dfd = _open_dir(create=True)
+    if dfd is None:
+        return
+    try:
+        locking.write_file(dfd, _name(memo_key), _json.dumps({"memo_key": memo_key, "value": value}).encode(),
+                           mode=0o600)
+        names = [n for n in fsroot.listdir(dfd) if n.endswith(".json")]
+        if len(names) > MAX_FILES:  # the oldest answers go (compilers replaced long ago)
+            stamps = []
+            for n in names:
+                try:
+                    stamps.append((fsroot.lstat_at(dfd, n).st_mtime_ns, n))
+                except OSError:
+                    pass
+            for _, n in sorted(stamps)[:len(stamps) - MAX_FILES]:
+                fsroot.unlink_at(dfd, n)
+    except (OSError, ValueError):
+        pass
+    finally:
+        os.close(dfd)

@@ -1,0 +1,277 @@
+"""The compact hit path (stubcache.hitpath): a warm call answered through the hit record the full
+path left, in real processes, and every way a record or an entry can be wrong sending the call
+back to the full path, which then loads the right library (or refuses, as before)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+from stubcache import compat, fsroot, hitpath
+from stubcache.spec import FIELDS
+
+from .conftest import run_py
+
+SRC = 'extern "C" int value(void) { return %d; }'
+
+# A drop-in call and a StubCache.load, each printing its value, whether it took the compact path
+# (the cache itself never imported) and the library it loaded.
+DROPIN = """
+import sys, ctypes, stubcache
+path = stubcache.load_inline("recstub", %r, is_python_module=False, no_implicit_headers=True%s)
+print(ctypes.CDLL(path).value(), "stubcache.cache" not in sys.modules, path)
+"""
+LOAD = """
+import sys, stubcache
+lib = stubcache.StubCache().load(stubcache.StubSpec("recstub", %r))
+print(lib.value(), "stubcache.cache" not in sys.modules, lib._name)
+"""
+
+
+def dropin(value: int = 1, build_directory: str | None = None, env: dict | None = None) -> tuple[int, bool, str]:
+    bd = "" if build_directory is None else f", build_directory={build_directory!r}"
+    out = run_py(DROPIN % (SRC % value, bd), env=env).stdout.split()
+    return int(out[0]), out[1] == "True", out[2]
+
+
+def load(value: int = 1, env: dict | None = None) -> tuple[int, bool, str]:
+    out = run_py(LOAD % (SRC % value,), env=env).stdout.split()
+    return int(out[0]), out[1] == "True", out[2]
+
+
+def records(root) -> list:
+    state = root / "v1" / "state"
+    return sorted(state.glob("hit-*.json")) if state.exists() else []
+
+
+def warm(call) -> None:
+    """Build and leave the record (first process), and check that the next ones take it."""
+    assert call()[:2] == (1, False)
+    assert call(env={"STUBCACHE_REQUIRE_HIT": "1"})[:2] == (1, True)
+
+
+def test_forwarded_fields_and_flags_agree_with_the_full_modules():
+    assert compat._FORWARDED == tuple(f.name for f in FIELDS if f.torch and f.name != "name")
+    from stubcache import dropin as front
+
+    assert front.FORWARDED == compat._FORWARDED
+    assert (hitpath.O_DIR, hitpath.O_READ, hitpath.LIBRARY_CAP) == (fsroot.O_DIR, fsroot.O_READ, fsroot.LIBRARY_CAP)
+
+
+def test_default_root_is_platformdirs_on_linux(monkeypatch, tmp_path):
+    import platformdirs
+
+    monkeypatch.delenv("STUBCACHE_DIR", raising=False)
+    for xdg in (None, "", str(tmp_path / "xdg")):
+        if xdg is None:
+            monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+        else:
+            monkeypatch.setenv("XDG_CACHE_HOME", xdg)
+        assert hitpath.default_root() == platformdirs.user_cache_dir("stubcache")
+
+
+@pytest.mark.parametrize("call", [dropin, load], ids=["dropin", "load"])
+def test_a_warm_call_takes_the_record_and_is_pinned_and_counted(cache_root, cxx, call):
+    warm(call)
+    assert cxx.compiles() == 1 and len(records(cache_root)) == 1
+    # The hits are counted, the compact one included (one event file per process).
+    events = [json.loads(line) for f in (cache_root / "v1" / "events").iterdir()
+              for line in f.read_text().splitlines()]
+    assert sum(e["ev"] == "hit" for e in events) == 1 and {e["name"] for e in events if e["ev"] == "hit"} == {"recstub"}
+    # The compact hit holds the entry's shared pin while its process lives: prune skips it.
+    import subprocess
+    import sys
+
+    code = (LOAD % (SRC % 1,)) if call is load else (DROPIN % (SRC % 1, ""))
+    code += "\nsys.stdout.flush()\nsys.stdin.read()\n"
+
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             env=dict(os.environ, STUBCACHE_REQUIRE_HIT="1"))
+    try:
+        line = child.stdout.readline().split()
+        assert line[:2] == ["1", "True"]
+        from stubcache import locking
+
+        key = json.loads(records(cache_root)[0].read_text())["key"]
+        with fsroot.Dir(str(cache_root / "v1" / "pins")) as pins:
+            assert locking.flock_held_at(pins, key)
+    finally:
+        child.communicate("", timeout=60)
+
+
+def test_dropin_with_a_build_directory_uses_the_placed_file_and_replaces_a_wrong_one(cache_root, cxx, tmp_path):
+    bd = tmp_path / "bd"
+    bd.mkdir()
+    warm(lambda env=None: dropin(build_directory=str(bd), env=env))
+    placed = bd / "recstub.so"
+    assert dropin(build_directory=str(bd)) == (1, True, str(placed))
+    # Another library of ours at the path (same size, other bytes): never loaded as is.
+    data = bytearray(placed.read_bytes())
+    data[-1] ^= 0xFF
+    placed.unlink()
+    placed.write_bytes(bytes(data))
+    placed.chmod(0o755)
+    assert dropin(build_directory=str(bd)) == (1, False, str(placed))  # the full path placed it again
+    assert dropin(build_directory=str(bd)) == (1, True, str(placed))
+    # A link planted there: replaced by the full path, never followed.
+    target = tmp_path / "elsewhere.so"
+    target.write_bytes(placed.read_bytes())
+    placed.unlink()
+    placed.symlink_to(target)
+    assert dropin(build_directory=str(bd)) == (1, False, str(placed))
+    assert not placed.is_symlink()
+    # A directory others can write (not sticky): refused by the full path, as before.
+    bd.chmod(0o777)
+    proc = run_py(DROPIN % (SRC % 1, f", build_directory={str(bd)!r}"), check=False)
+    assert proc.returncode != 0 and "writable by others" in proc.stderr
+    assert cxx.compiles() == 1
+
+
+def test_a_record_goes_stale_when_the_compiler_changes(cache_root, cxx):
+    warm(load)
+    n = cxx.compiles()
+    with open(cxx.path, "a") as fh:
+        fh.write("# changed\n")  # another compiler script: its identity is in the key
+    assert load()[:2] == (1, False)
+    assert cxx.compiles() == n + 1  # rebuilt under the new compiler's key, not served from the record
+    assert load()[:2] == (1, True)  # and the new record serves the next process
+
+
+def test_a_record_goes_stale_when_a_key_variable_changes(cache_root, cxx):
+    warm(load)
+    assert load(env={"CPATH": "/nonexistent"})[:2] == (1, False)
+
+
+def test_a_truncated_library_is_not_loaded_through_the_record(cache_root, cxx):
+    warm(dropin)
+    key = json.loads(records(cache_root)[0].read_text())["key"]
+    entry = cache_root / "v1" / "entries" / key
+    lib = next(p for p in entry.iterdir() if p.suffix == ".so")
+    lib.chmod(0o644)
+    with open(lib, "r+b") as fh:
+        fh.truncate(100)
+    assert dropin()[:2] == (1, False)  # the full path quarantined and rebuilt it
+    assert cxx.compiles() == 2 and list((cache_root / "v1" / "quarantine").iterdir())
+
+
+def test_a_root_others_can_write_is_not_used_through_the_record(cache_root, cxx):
+    warm(load)
+    (cache_root / "v1" / "entries").chmod(0o777)
+    value, quick, path = load()
+    assert (value, quick) == (1, False) and not path.startswith(str(cache_root))  # built privately
+
+
+def _spoil(record, how: str) -> None:
+    if how == "not ours":
+        os.chown(record, 4242, -1)
+    elif how == "group-writable":
+        record.chmod(0o660)
+    elif how == "symlink":
+        real = record.with_name("real.json")
+        record.rename(real)
+        record.symlink_to(real)
+    elif how == "fifo":
+        record.unlink()
+        os.mkfifo(record, 0o600)
+    else:
+        data = json.loads(record.read_text())
+        if how == "wrong types":
+            data.update(size="32", validators={"a": 1}, tracked=[[1, 2]])
+        elif how == "path in key":
+            data["key"] = "../../../../tmp"
+        elif how == "library elsewhere":
+            data["library"] = "/lib/x86_64-linux-gnu/libc.so.6"
+        elif how == "huge":
+            data["pad"] = "x" * (hitpath.RECORD_CAP + 1)
+        text = json.dumps(data)
+        if how == "deep":
+            text = text[:-1] + ', "pad": ' + "[" * 100_000 + "]" * 100_000 + "}"
+        record.write_text(text)
+
+
+@pytest.mark.parametrize("how", ["not ours", "group-writable", "symlink", "fifo", "wrong types", "path in key",
+                                 "library elsewhere", "deep", "huge"])
+def test_a_spoilt_record_is_ignored(cache_root, cxx, how):
+    if how == "not ours" and os.geteuid() != 0:
+        pytest.skip("needs root to give the record away")
+    warm(load)
+    _spoil(records(cache_root)[0], how)
+    assert load(env={"STUBCACHE_REQUIRE_HIT": "1"})[:2] == (1, False)  # the full path, a hit there
+    assert cxx.compiles() == 1
+
+
+PATCHED = """
+import sys, ctypes, stubcache
+import torch.utils.cpp_extension as ext
+stubcache.patch_torch()
+path = ext.load_inline("recstub", %r, is_python_module=False, no_implicit_headers=True)
+print(ctypes.CDLL(path).value(), "stubcache.cache" not in sys.modules, "stubcache.compat" not in sys.modules)
+"""
+
+
+@pytest.mark.torch
+def test_a_patched_torch_takes_the_record_too(cache_root, cxx):
+    """An engine under `stubcache run` (torch's load_inline patched): a warm call imports neither
+    the cache nor the whole drop-in."""
+    assert run_py(PATCHED % (SRC % 1,)).stdout.split() == ["1", "False", "False"]
+    assert run_py(PATCHED % (SRC % 1,), env={"STUBCACHE_REQUIRE_HIT": "1"}).stdout.split() == ["1", "True", "True"]
+
+
+def test_the_patched_load_inline_hands_only_unsupported_calls_to_torch(cache_root, monkeypatch):
+    from stubcache import patch
+
+    calls = []
+    monkeypatch.setitem(patch._originals, "load_inline", lambda *a, **k: calls.append(k) or "torch's own")
+    wrapper = patch._wrapper("load_inline")
+    assert wrapper("sycl", "int f();", sycl_sources="x") == "torch's own" and calls == [{"sycl_sources": "x"}]
+    with pytest.raises(ValueError, match="invalid stub name"):  # stubcache's own error, not torch's call
+        wrapper("not a name", "int f();", is_python_module=False)
+    assert len(calls) == 1
+
+
+def test_a_setting_to_check_takes_the_full_path(cache_root, cxx):
+    warm(load)
+    assert load(env={"STUBCACHE_LOCK_TIMEOUT": "30"})[:2] == (1, False)
+    proc = run_py(LOAD % (SRC % 1,), env={"STUBCACHE_LOCK_TIMEOUT": "soon"}, check=False)
+    assert proc.returncode != 0 and "STUBCACHE_LOCK_TIMEOUT" in proc.stderr
+    proc = run_py(LOAD % (SRC % 1,), env={"STUBCACHE_REQUIRE_HIT": "maybe"}, check=False)
+    assert proc.returncode != 0 and "STUBCACHE_REQUIRE_HIT" in proc.stderr
+
+
+def test_records_are_private(cache_root, cxx):
+    warm(dropin)
+    st = records(cache_root)[0].stat()
+    assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.geteuid()
+
+
+def test_a_hit_through_a_record_is_counted_once_per_process(cache_root, cxx):
+    """load() through the record, then get_or_build() of the same spec in the same process (the
+    full path's lookup of the same entry): one hit, as when the full path served both."""
+    warm(load)
+    run_py("""
+        import stubcache
+        c = stubcache.StubCache()
+        spec = stubcache.StubSpec("recstub", %r)
+        assert c.load(spec).value() == 1
+        c.get_or_build(spec)
+    """ % (SRC % 1,), env={"STUBCACHE_REQUIRE_HIT": "1"})
+    events = [json.loads(line) for f in (cache_root / "v1" / "events").iterdir()
+              for line in f.read_text().splitlines()]
+    assert sum(e["ev"] == "hit" for e in events) == 2  # warm()'s second process, and this one
+
+
+def test_another_home_does_not_reuse_a_record(cache_root, cxx, tmp_path):
+    """HOME and XDG_CONFIG_HOME name a compiler cache's config files (its `compiler =`)."""
+    warm(load)
+    assert load(env={"HOME": str(tmp_path)})[:2] == (1, False)
+    assert load(env={"XDG_CONFIG_HOME": str(tmp_path)})[:2] == (1, False)
+
+
+def test_the_request_digest_takes_a_non_str_sys_path_entry(monkeypatch):
+    import pathlib
+
+    monkeypatch.setattr("sys.path", [*__import__("sys").path, pathlib.Path("/nonexistent")])
+    assert hitpath.request_digest("spec", ({"a": "b"},)) is not None

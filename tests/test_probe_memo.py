@@ -1,0 +1,115 @@
+"""The toolchain probes' memo per user and host (stubcache.probememo), in real processes: a new
+root's first build reads the answers instead of running the compiler driver again; a changed
+compiler is probed again; a memo that is not the user's own, or not a memo, is ignored."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import textwrap
+
+import pytest
+
+from .conftest import run_py
+
+BUILD = """
+import stubcache
+print(stubcache.StubCache().load(stubcache.StubSpec("probed", 'extern "C" int v(void) { return %d; }')).v())
+"""
+PROBES = ("--version", "-###", "-print-prog-name", "-print-file-name", "-print-libgcc-file-name")
+
+
+@pytest.fixture
+def logged_cxx(tmp_path, monkeypatch):
+    """A CXX that logs every invocation (probes too), then runs the real compiler."""
+    log = tmp_path / "calls.log"
+    script = tmp_path / "cxx-all.sh"
+    real = shutil.which(os.environ.get("CXX") or "c++") or shutil.which("c++")
+    script.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        echo "$*" >> "{log}"
+        exec "{real}" "$@"
+        """))
+    script.chmod(0o755)
+    monkeypatch.setenv("CXX", str(script))
+    return script, log
+
+
+def build(root, value: int = 1) -> None:
+    assert run_py(BUILD % value, env={"STUBCACHE_DIR": str(root)}).stdout.split() == [str(value)]
+
+
+def probes(log) -> list[str]:
+    calls = log.read_text().splitlines() if log.exists() else []
+    if log.exists():
+        log.unlink()
+    return [c for c in calls if any(p in c.split() or c.split()[0].startswith(p) for p in PROBES)
+            and ".cpp" not in c]
+
+
+def memo_files(tmp_path) -> list:
+    d = tmp_path / "state" / "stubcache" / "probes"
+    return sorted(d.glob("*.json")) if d.exists() else []
+
+
+def test_a_new_root_reads_the_probes_from_the_users_memo(cache_root, logged_cxx, tmp_path):
+    _, log = logged_cxx
+    build(tmp_path / "root-a")
+    assert probes(log), "the first root probes the compiler"
+    files = memo_files(tmp_path)
+    assert files and all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
+    assert stat.S_IMODE(files[0].parent.stat().st_mode) == 0o700
+    build(tmp_path / "root-b", 2)
+    assert probes(log) == []  # a new root, the same host and user: no driver probe
+
+
+def test_a_changed_compiler_is_probed_again(cache_root, logged_cxx, tmp_path):
+    script, log = logged_cxx
+    build(tmp_path / "root-a")
+    probes(log)
+    with open(script, "a") as fh:
+        fh.write("# another compiler\n")
+    build(tmp_path / "root-b")
+    assert probes(log)
+
+
+def _spoil(tmp_path, how: str) -> None:
+    d = tmp_path / "state" / "stubcache" / "probes"
+    files = memo_files(tmp_path)
+    if how == "dir writable by others":
+        d.chmod(0o777)
+    elif how == "dir a symlink":
+        d.rename(d.with_name("real-probes"))
+        d.symlink_to(d.with_name("real-probes"))
+    for f in files:
+        if how == "not ours":
+            os.chown(f, 4242, -1)
+        elif how == "group-writable":
+            f.chmod(0o620)
+        elif how == "symlink":
+            real = f.with_suffix(".real")
+            f.rename(real)
+            f.symlink_to(real)
+        elif how == "hostile json":
+            data = json.loads(f.read_text())
+            f.write_text(json.dumps({"memo_key": data["memo_key"], "value": [1, {"real": None}]}))
+        elif how == "another key":
+            data = json.loads(f.read_text())
+            f.write_text(json.dumps({"memo_key": "cc4:elsewhere", "value": data["value"]}))
+        elif how == "garbage":
+            f.write_bytes(b"\x00{[" * 100)
+
+
+@pytest.mark.parametrize("how", ["not ours", "group-writable", "symlink", "hostile json", "another key", "garbage",
+                                 "dir writable by others", "dir a symlink"])
+def test_a_memo_that_is_not_the_users_own_is_ignored(cache_root, logged_cxx, tmp_path, how):
+    if how == "not ours" and os.geteuid() != 0:
+        pytest.skip("needs root to give the file away")
+    _, log = logged_cxx
+    build(tmp_path / "root-a")
+    probes(log)
+    _spoil(tmp_path, how)
+    build(tmp_path / "root-b", 3)
+    assert probes(log), f"a memo spoilt as {how!r} was used"
