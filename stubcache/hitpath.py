@@ -190,8 +190,15 @@ def default_root() -> str | None:
         return os.path.abspath(os.path.expanduser(env))
     if sys.platform != "linux":
         return None
-    base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.expanduser("~/.cache")
-    return os.path.join(base, "stubcache")
+    # platformdirs takes XDG_CACHE_HOME only when it is absolute (verbatim), else $HOME/.cache
+    # where HOME is absolute; every other case (a relative HOME, none) is left to it.
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if os.path.isabs(base):
+        return os.path.join(base, "stubcache")
+    home = os.environ.get("HOME", "")
+    if os.path.isabs(home):
+        return os.path.join(os.path.expanduser("~/.cache"), "stubcache")
+    return None
 
 
 def request_digest(kind: str, request: tuple) -> str | None:
