@@ -204,7 +204,8 @@ def default_root() -> str | None:
 def request_digest(kind: str, request: tuple) -> str | None:
     # The digest that names a request's record: ``request`` (plain values only: str, bool, None,
     # int, and lists, tuples and dicts of them) with the process's interpreter, ``sys.path``,
-    # ``PATH``, compiler-cache variables and uid. ``None`` for a request holding anything else.
+    # ``PATH``, compiler-cache variables, ``HOME`` and ``XDG_CONFIG_HOME`` (they name a compiler
+    # cache's config files) and uid. ``None`` for a request holding anything else.
     # Serialised by marshal's version 0 (no interning flags, no back-references: equal values
     # give equal bytes, and distinct ones distinct bytes), 4x faster than repr on a source text.
     if not _plain(request):
@@ -215,8 +216,10 @@ def request_digest(kind: str, request: tuple) -> str | None:
     import marshal
 
     wrappers = sorted([(k, v) for k, v in data.items() if k.startswith((b"CCACHE_", b"SCCACHE_", b"BUILDCACHE_"))])
-    blob = marshal.dumps((RECORD_FORMAT, kind, request, os.geteuid(), sys.executable, list(sys.path),
-                          data.get(b"PATH", b""), wrappers), 0)
+    # sys.path may hold non-str entries (a pathlib.Path appended by a program): named by repr.
+    path = [p if type(p) is str else repr(p) for p in sys.path]
+    blob = marshal.dumps((RECORD_FORMAT, kind, request, os.geteuid(), sys.executable, path,
+                          data.get(b"PATH", b""), wrappers, data.get(b"HOME"), data.get(b"XDG_CONFIG_HOME")), 0)
     return _sha256(blob).hexdigest()[:32]
 
 
