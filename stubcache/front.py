@@ -59,6 +59,10 @@ class StubCache:
             from .cache import CacheCore
 
             root, lock_timeout, seeds = self._args
+            if self._quick_root is not None:
+                # As resolved when this cache was made (and no STUBCACHE_SEED_DIRS then): a later
+                # chdir or change of STUBCACHE_DIR must not move a cache that may have hit already.
+                root, seeds = self._quick_root, []
             core = self._core = CacheCore(root, lock_timeout=lock_timeout, seeds=seeds)
         return core
 

@@ -193,14 +193,22 @@ def default_root() -> str | None:
         return os.path.abspath(os.path.expanduser(env))
     if sys.platform != "linux":
         return None
-    base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.expanduser("~/.cache")
-    return os.path.join(base, "stubcache")
+    # platformdirs takes XDG_CACHE_HOME only when it is absolute (verbatim), else $HOME/.cache
+    # where HOME is absolute; every other case (a relative HOME, none) is left to it.
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if os.path.isabs(base):
+        return os.path.join(base, "stubcache")
+    home = os.environ.get("HOME", "")
+    if os.path.isabs(home):
+        return os.path.join(os.path.expanduser("~/.cache"), "stubcache")
+    return None
 
 
 def request_digest(kind: str, request: tuple) -> str | None:
     # The digest that names a request's record: ``request`` (plain values only: str, bool, None,
     # int, and lists, tuples and dicts of them) with the process's interpreter, ``sys.path``,
-    # ``PATH``, compiler-cache variables and uid. ``None`` for a request holding anything else.
+    # ``PATH``, compiler-cache variables, ``HOME`` and ``XDG_CONFIG_HOME`` (they name a compiler
+    # cache's config files) and uid. ``None`` for a request holding anything else.
     # Serialised by marshal's version 0 (no interning flags, no back-references: equal values
     # give equal bytes, and distinct ones distinct bytes), 4x faster than repr on a source text.
     if not _plain(request):

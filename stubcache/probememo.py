@@ -30,12 +30,18 @@ CAP = fsroot.SMALL_CAP * 16
 MAX_FILES = 256
 
 
-def memo_dir() -> str:
+def memo_dir() -> str | None:
     """Where this user's probe answers are kept: ``$XDG_STATE_HOME/stubcache/probes``, or
-    ``~/.local/state/stubcache/probes`` (platformdirs' ``user_state_dir`` on Linux, computed
-    here: a build must not depend on platformdirs being importable)."""
-    base = os.environ.get("XDG_STATE_HOME", "").strip() or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return os.path.join(base, "stubcache", "probes")
+    ``$HOME/.local/state/stubcache/probes``, by platformdirs' ``user_state_dir`` rule on Linux
+    (computed here: a build must not depend on platformdirs being importable). Only an absolute
+    ``XDG_STATE_HOME`` or ``HOME`` counts; with neither, ``None``: no memo (the probes run)."""
+    state = os.environ.get("XDG_STATE_HOME", "")
+    if not os.path.isabs(state):
+        home = os.environ.get("HOME", "")
+        if not os.path.isabs(home):
+            return None
+        state = os.path.join(home, ".local", "state")
+    return os.path.join(state, "stubcache", "probes")
 
 
 def _name(memo_key: str) -> str:
@@ -47,17 +53,38 @@ def _own(st: os.stat_result) -> bool:
 
 
 def _open_dir(create: bool) -> int | None:
+    # The state directory itself (XDG_STATE_HOME or ~/.local/state) may be reached through links
+    # its owner made, but it must be this user's: root run with another user's HOME (sudo -E)
+    # does not write, prune or trust files in a tree that user controls. ``stubcache/probes``
+    # below it are opened without following a link and must be this user's too.
     path = memo_dir()
+    if path is None:
+        return None
+    state = os.path.dirname(os.path.dirname(path))
     try:
         if create:
-            os.makedirs(path, 0o700, exist_ok=True)
-        fd = os.open(path, fsroot.O_DIR)
+            os.makedirs(state, 0o700, exist_ok=True)
+        sfd = os.open(state, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         return None
-    if not _own(os.fstat(fd)):
-        os.close(fd)
+    try:
+        if os.fstat(sfd).st_uid != os.geteuid():
+            return None
+        fd = fsroot.open_dir_at(sfd, "stubcache", create=create)
+        try:
+            if not _own(os.fstat(fd)):
+                return None
+            pfd = fsroot.open_dir_at(fd, "probes", create=create)
+        finally:
+            os.close(fd)
+    except OSError:
         return None
-    return fd
+    finally:
+        os.close(sfd)
+    if not _own(os.fstat(pfd)):
+        os.close(pfd)
+        return None
+    return pfd
 
 
 def read(memo_key: str) -> dict | None:

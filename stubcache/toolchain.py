@@ -169,7 +169,11 @@ def compiler_identity(command: str, memo: Callable) -> dict[str, Any]:
         driver = wrapped_driver(words, found)
         dsig = _sig(driver) if driver else None
         # A wrapper finds the real compiler on PATH, so PATH is part of what this memo means.
-        memo_key = (f"cc4:{command}:{found}:{path}:{st.st_size}:{st.st_mtime_ns}:{os.environ.get('PATH', '')}:"
+        # The program is named by its inode and change time too: the answer is kept per user
+        # across roots (probememo), and a program replaced by one of the same size and mtime
+        # (`cp -p`, `touch -r`, an `mv` over it) must be probed again.
+        memo_key = (f"cc4:{command}:{found}:{path}:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:"
+                    f"{st.st_ctime_ns}:{os.environ.get('PATH', '')}:"
                     f"{driver and os.path.realpath(driver)}:{dsig}:{_tool_env()}")
         wrapper = is_wrapper(found)
         if wrapper:  # its settings choose the compiler it runs (CCACHE_COMPILER, ccache.conf, a prefix)
@@ -192,7 +196,7 @@ def compiler_identity(command: str, memo: Callable) -> dict[str, Any]:
                     value["validators"] += [[p["path"], _sig(p["path"])] for p in prefixes]
             return value
 
-        value = memo(memo_key, compute, valid=_real_tools_unchanged)
+        value = memo(memo_key, compute, valid=_compiler_answer_holds)
         ident = {"command": command, "path": path, "sha256": value.get("sha256"), "version": value["version"],
                  "real": value.get("real")}
     return ident
@@ -421,6 +425,13 @@ def _probe_compiler(cmd: list[str]) -> dict:
         if isinstance(tool, dict) and tool.get("path"):
             validators.append([tool["path"], _sig(tool["path"])])
     return {"version": version.strip(), "real": real, "validators": validators}
+
+
+def _compiler_answer_holds(value: dict) -> bool:
+    """A compiler probe's kept answer still holds: it has the shape :func:`compiler_identity`
+    reads (a memo file of the user's own may still be damaged) and its tools are unchanged."""
+    return (isinstance(value, dict) and "version" in value and isinstance(value.get("real"), dict)
+            and isinstance(value.get("validators"), list) and _real_tools_unchanged(value))
 
 
 def _real_tools_unchanged(value: dict) -> bool:

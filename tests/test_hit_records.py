@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import textwrap
 
 import pytest
 
@@ -65,12 +66,50 @@ def test_default_root_is_platformdirs_on_linux(monkeypatch, tmp_path):
     import platformdirs
 
     monkeypatch.delenv("STUBCACHE_DIR", raising=False)
-    for xdg in (None, "", str(tmp_path / "xdg")):
-        if xdg is None:
-            monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
-        else:
-            monkeypatch.setenv("XDG_CACHE_HOME", xdg)
-        assert hitpath.default_root() == platformdirs.user_cache_dir("stubcache")
+    monkeypatch.chdir(tmp_path)
+    # Relative, padded and ~ values are not platformdirs' XDG_CACHE_HOME (it takes absolute ones
+    # verbatim, else $HOME/.cache); the record's root must be the one the full path uses.
+    for xdg in (None, "", str(tmp_path / "xdg"), str(tmp_path / "xdg") + "/", "cache", "~/c", f"  {tmp_path}  "):
+        for home in (str(tmp_path / "home"), str(tmp_path / "home") + "/", "relhome"):
+            if xdg is None:
+                monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+            else:
+                monkeypatch.setenv("XDG_CACHE_HOME", xdg)
+            monkeypatch.setenv("HOME", home)
+            quick = hitpath.default_root()
+            assert quick in (None, platformdirs.user_cache_dir("stubcache")), (xdg, home, quick)
+            assert quick is not None or home == "relhome"
+
+
+def test_a_cache_keeps_the_root_it_was_made_with(cache_root, cxx, tmp_path, monkeypatch):
+    """A StubCache made with a relative root, or from STUBCACHE_DIR, keeps that root after a chdir
+    or a change of the variable: its hits and its builds come from one root."""
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    code = textwrap.dedent("""
+        import os, stubcache
+        os.makedirs("a", exist_ok=True); os.makedirs("b", exist_ok=True)
+        os.chdir("a")
+        rel = stubcache.StubCache("rel")
+        env = stubcache.StubCache()
+        os.chdir("../b")
+        os.environ["STUBCACHE_DIR"] = os.path.abspath("moved")
+        spec = stubcache.StubSpec("kept", 'extern "C" int v(void) { return 4; }')
+        for cache in (rel, env):
+            before = cache.root
+            assert cache.load(spec).v() == 4
+            print(before == cache.root, cache.root)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=str(REPO), STUBCACHE_DIR=str(cache_root)))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.split("\n")
+    assert lines[0] == f"True {tmp_path / 'a' / 'rel'}" and lines[1] == f"True {cache_root}"
+    assert (tmp_path / "a" / "rel" / "v1" / "entries").is_dir() and not (tmp_path / "b" / "rel").exists()
+    assert not (tmp_path / "b" / "moved").exists()
 
 
 @pytest.mark.parametrize("call", [dropin, load], ids=["dropin", "load"])

@@ -113,3 +113,54 @@ def test_a_memo_that_is_not_the_users_own_is_ignored(cache_root, logged_cxx, tmp
     _spoil(tmp_path, how)
     build(tmp_path / "root-b", 3)
     assert probes(log), f"a memo spoilt as {how!r} was used"
+
+
+def test_a_compiler_replaced_with_the_same_size_and_mtime_is_probed_again(cache_root, logged_cxx, tmp_path):
+    """A program moved over CXX with the same size and modification time (found by review: the
+    answer then crossed into a new root under the old compiler's identity)."""
+    script, log = logged_cxx
+    build(tmp_path / "root-a")
+    probes(log)
+    st = script.stat()
+    other = script.with_name("cxx-other.sh")
+    text = script.read_text()
+    other.write_text(text.replace("exec ", "exec  ", 1)[:-1] if len(text) > 1 else text)
+    assert other.stat().st_size == st.st_size
+    other.chmod(0o755)
+    os.utime(other, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(other, script)
+    assert script.stat().st_size == st.st_size and script.stat().st_mtime_ns == st.st_mtime_ns
+    build(tmp_path / "root-b", 2)
+    assert probes(log), "a replaced compiler took the old one's probe answers"
+
+
+def test_a_memo_answer_of_the_wrong_shape_does_not_fail_the_build(cache_root, logged_cxx, tmp_path):
+    _, log = logged_cxx
+    build(tmp_path / "root-a")
+    probes(log)
+    for f in memo_files(tmp_path):
+        data = json.loads(f.read_text())
+        if data["memo_key"].startswith("cc4:"):
+            f.write_text(json.dumps({"memo_key": data["memo_key"], "value": {}}))
+    build(tmp_path / "root-b", 5)
+    assert probes(log)
+
+
+def test_a_state_directory_of_another_user_is_not_used(cache_root, logged_cxx, tmp_path, monkeypatch):
+    """Root run with another user's HOME (sudo -E): a state tree that user controls is neither
+    written nor pruned nor trusted, and a link planted at stubcache/ is not followed."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give the directory away")
+    _, log = logged_cxx
+    state = tmp_path / "state"
+    state.mkdir()
+    chosen = tmp_path / "chosen"
+    chosen.mkdir()
+    (state / "stubcache").symlink_to(chosen)
+    build(tmp_path / "root-a")
+    assert list(chosen.iterdir()) == []  # the planted link was not followed
+    (state / "stubcache").unlink()
+    os.chown(state, 4242, 4242)
+    build(tmp_path / "root-b", 2)
+    assert not (state / "stubcache").exists()
+    assert probes(log)
