@@ -22,7 +22,6 @@ existing root against the bare compiler (``c++ -shared -fPIC``, spawned from thi
 
 from __future__ import annotations
 
-import json
 import statistics
 
 from _common import STUB_NAME, Ctx, fmt_time, ratio, row, run_json, target, variant_source

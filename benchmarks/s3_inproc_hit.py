@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from _common import STUB_NAME, Ctx, child_env, fmt_time, row, run_json, spec_kwargs, target
+from _common import STUB_NAME, Ctx, fmt_time, row, run_json, spec_kwargs, target
 from _wheel import child_env_for
 from s1_cold_build import STUBCACHE_CHILD, TORCH_CHILD
 

@@ -14,7 +14,7 @@ import json
 import re
 import subprocess
 
-from _common import STUB_NAME, Ctx, child_env, fmt_time, row, run_json, spec_kwargs
+from _common import STUB_NAME, Ctx, fmt_time, row, run_json, spec_kwargs
 from _wheel import WheelEnv, child_env_for
 from s1_cold_build import STUBCACHE_CHILD
 

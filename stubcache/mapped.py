@@ -19,9 +19,6 @@ from __future__ import annotations
 import os
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
-if TYPE_CHECKING:
-    from .errors import IntegrityError
-
 
 def _mappings(path: str) -> list[tuple[int, int, str]]:
     """``(dev, inode, address range)`` of each mapping of ``path`` in this process."""

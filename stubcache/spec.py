@@ -8,7 +8,6 @@ which the rest (slots, checks, JSON form, key rules, torch mapping) is derived; 
 
 from __future__ import annotations
 
-import os
 from _collections_abc import Mapping  # collections.abc without importing collections (hit path)
 from _operator import attrgetter  # operator.attrgetter without importing operator.py (hit path)
 
