@@ -68,9 +68,15 @@ KEY_MODULES = ("stubcache.spec", "stubcache.flagscan", "stubcache.kpath", "stubc
                "stubcache.toolchain", "stubcache.key", "stubcache.manifest", "stubcache.compat",
                "stubcache.dropin", "stubcache.hitpath")
 _FLAG_VALUES = ("", "0", "1", "true", "false", "yes", "no", "on", "off")  # stubcache.settings' flag words
-# Settings a hit through a record may run under; any other STUBCACHE_* variable needs the full
-# path (its value is validated there, and it may change what a hit means).
-_QUICK_SETTINGS = (b"STUBCACHE_DIR", b"STUBCACHE_REQUIRE_HIT")
+# The variables stubcache reads that need the full path (each is validated there, and may change
+# what a hit means). A hit through a record runs under the others: STUBCACHE_DIR (the root it
+# names), a well-formed STUBCACHE_REQUIRE_HIT, STUBCACHE_PATCH_TORCH (read by `stubcache run`'s
+# start-up hook, set in every engine process under it) and names stubcache does not read, which
+# the full path ignores too. tests/test_hit_records.py checks this against every STUBCACHE_ name
+# in the package.
+FULL_PATH_SETTINGS = (b"STUBCACHE_LOCK_TIMEOUT", b"STUBCACHE_MAX_SIZE", b"STUBCACHE_SEED_DIRS",
+                      b"STUBCACHE_TRUSTED_ROOTS", b"STUBCACHE_FAULT")
+FULL_PATH_PREFIX = b"STUBCACHE_REMOTE"  # the fleet tier's settings
 
 # --- per-process tables, shared with stubcache.cache -------------------------------------------
 PROCESS_LOCK = RLock()
@@ -173,13 +179,13 @@ def versioned(name: str, call: Any) -> str:
 
 
 def quick_settings() -> bool:
-    # True if no setting in the environment needs the full path: only ``STUBCACHE_DIR`` and a
-    # well-formed ``STUBCACHE_REQUIRE_HIT`` among the ``STUBCACHE_*`` variables.
+    # True if no setting in the environment needs the full path (:data:`FULL_PATH_SETTINGS`, the
+    # fleet tier's) and ``STUBCACHE_REQUIRE_HIT``, if set, is well-formed.
     data = getattr(os.environ, "_data", None)
     if data is None:
         return False
     for name in data:
-        if name.startswith(b"STUBCACHE_") and name not in _QUICK_SETTINGS:
+        if name.startswith(b"STUBCACHE_") and (name in FULL_PATH_SETTINGS or name.startswith(FULL_PATH_PREFIX)):
             return False
     flag = data.get(b"STUBCACHE_REQUIRE_HIT")
     return flag is None or flag.strip().lower().decode("latin-1") in _FLAG_VALUES

@@ -259,6 +259,59 @@ def test_a_patched_torch_takes_the_record_too(cache_root, cxx):
     assert run_py(PATCHED % (SRC % 1,), env={"STUBCACHE_REQUIRE_HIT": "1"}).stdout.split() == ["1", "True", "True"]
 
 
+UNPATCHED = """
+import sys, ctypes
+import torch.utils.cpp_extension as ext
+path = ext.load_inline("recstub", %r, is_python_module=False, no_implicit_headers=True)
+print(ctypes.CDLL(path).value(), "stubcache.cache" not in sys.modules, "stubcache.compat" not in sys.modules)
+"""
+
+
+@pytest.mark.torch
+def test_an_engine_under_stubcache_run_takes_the_record(cache_root, cxx):
+    """`stubcache run -- CMD` patches torch in every Python process it starts (through the
+    STUBCACHE_PATCH_TORCH variable it sets): a warm call there takes the record too."""
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    cmd = [sys.executable, "-m", "stubcache", "run", "--", sys.executable, "-c", UNPATCHED % (SRC % 1,)]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    seen = []
+    for _ in range(3):  # the build (full path, leaves the record), then warm starts
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        seen.append(out.stdout.split()[-3:])
+        env["STUBCACHE_REQUIRE_HIT"] = "1"
+    assert seen[0] == ["1", "False", "False"] and seen[-1] == ["1", "True", "True"], seen
+
+
+def test_variables_stubcache_does_not_read_keep_the_record(cache_root, cxx):
+    """An unknown STUBCACHE_* variable (a test harness's, a typo) is ignored by the full path, so
+    the record answers under it too."""
+    warm(load)
+    assert load(env={"STUBCACHE_TEST_SOMETHING": "1"})[:2] == (1, True)
+
+
+def test_every_variable_stubcache_reads_is_sorted_for_the_record():
+    """Each STUBCACHE_ variable named in the package either needs the full path or is one a
+    record may answer under: a new setting must be placed (hitpath.FULL_PATH_SETTINGS)."""
+    import re
+    from pathlib import Path
+
+    import stubcache
+
+    pkg = Path(stubcache.__file__).parent
+    names = set()
+    for f in pkg.rglob("*.py"):
+        names |= set(re.findall(r"STUBCACHE_[A-Z][A-Z_]*[A-Z]", f.read_text(encoding="utf-8")))
+    record_ok = {"STUBCACHE_DIR", "STUBCACHE_REQUIRE_HIT", "STUBCACHE_PATCH_TORCH"}
+    full = {n.decode() for n in hitpath.FULL_PATH_SETTINGS}
+    remote = {n for n in names if n.startswith(hitpath.FULL_PATH_PREFIX.decode())}
+    assert names - record_ok - full - remote == set(), "place these in hitpath.FULL_PATH_SETTINGS or say why not"
+
+
 def test_the_patched_load_inline_hands_only_unsupported_calls_to_torch(cache_root, monkeypatch):
     from stubcache import patch
 
