@@ -199,13 +199,16 @@ def default_root() -> str | None:
         return os.path.abspath(os.path.expanduser(env))
     if sys.platform != "linux":
         return None
-    # platformdirs takes XDG_CACHE_HOME only when it is absolute (verbatim), else $HOME/.cache
-    # where HOME is absolute; every other case (a relative HOME, none) is left to it.
+    # Only the cases every platformdirs release answers alike: XDG_CACHE_HOME unset or empty
+    # ($HOME/.cache, HOME absolute), or a plain absolute path. A relative, padded or ~ value
+    # (releases differ: verbatim, stripped or ignored) or a relative HOME is left to platformdirs.
     base = os.environ.get("XDG_CACHE_HOME", "")
-    if os.path.isabs(base):
-        return os.path.join(base, "stubcache")
+    if base:
+        if os.path.isabs(base) and base == base.strip() and "~" not in base:
+            return os.path.join(base, "stubcache")
+        return None
     home = os.environ.get("HOME", "")
-    if os.path.isabs(home):
+    if os.path.isabs(home) and home == home.strip() and "~" not in home:
         return os.path.join(os.path.expanduser("~/.cache"), "stubcache")
     return None
 

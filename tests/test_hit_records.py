@@ -67,8 +67,8 @@ def test_default_root_is_platformdirs_on_linux(monkeypatch, tmp_path):
 
     monkeypatch.delenv("STUBCACHE_DIR", raising=False)
     monkeypatch.chdir(tmp_path)
-    # Relative, padded and ~ values are not platformdirs' XDG_CACHE_HOME (it takes absolute ones
-    # verbatim, else $HOME/.cache); the record's root must be the one the full path uses.
+    # Relative, padded and ~ values are read differently by platformdirs releases: those are left
+    # to it (None: the full path); where the record names a root, it is the one the full path uses.
     for xdg in (None, "", str(tmp_path / "xdg"), str(tmp_path / "xdg") + "/", "cache", "~/c", f"  {tmp_path}  "):
         for home in (str(tmp_path / "home"), str(tmp_path / "home") + "/", "relhome"):
             if xdg is None:
@@ -78,7 +78,8 @@ def test_default_root_is_platformdirs_on_linux(monkeypatch, tmp_path):
             monkeypatch.setenv("HOME", home)
             quick = hitpath.default_root()
             assert quick in (None, platformdirs.user_cache_dir("stubcache")), (xdg, home, quick)
-            assert quick is not None or home == "relhome"
+            plain = xdg in (None, "", str(tmp_path / "xdg"), str(tmp_path / "xdg") + "/")
+            assert quick is not None or home == "relhome" or not plain, (xdg, home)
 
 
 def test_a_cache_keeps_the_root_it_was_made_with(cache_root, cxx, tmp_path, monkeypatch):
