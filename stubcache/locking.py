@@ -115,6 +115,12 @@ def try_flock(fd: int, op: int = EX) -> bool:
     return True
 
 
+def load_build_lock() -> None:
+    """Import what :func:`try_build_lock` uses (filelock) now, so that the time a miss spends
+    waiting for another process's build is measured without it."""
+    import filelock  # noqa: F401
+
+
 def try_build_lock(fd: int) -> bool:
     """One non-blocking attempt at the exclusive build lock on ``fd`` through filelock's
     descriptor API (the same kernel ``flock`` as :func:`try_flock`, so admin commands that probe

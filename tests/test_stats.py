@@ -228,3 +228,26 @@ def test_every_writer_records_an_event_name():
             assert arg.attr in vars(Event) and arg.attr.isupper(), f"{where}: no Event.{arg.attr}"
             seen.append(where)
     assert len(seen) >= 20, seen  # the scan found the writers (cache, remote tier, verify, stats)
+
+
+def test_importing_the_build_lock_is_not_counted_as_a_wait(cache_root, cxx, tmp_path):
+    """A lone process's first miss imports filelock for the build lock; on a loaded machine that
+    took more than the 50 ms that count as waiting for another build, and `stats` showed a wait
+    nobody had (the docs' stats block drifted). Here filelock's import is made slow on purpose."""
+    import filelock
+
+    slow = tmp_path / "slow"
+    (slow / "filelock").mkdir(parents=True)
+    (slow / "filelock" / "__init__.py").write_text(
+        "import time, sys, importlib.util\ntime.sleep(0.3)\n"
+        f"spec = importlib.util.spec_from_file_location('filelock', {filelock.__file__!r}, "
+        f"submodule_search_locations=[{os.path.dirname(filelock.__file__)!r}])\n"
+        "mod = importlib.util.module_from_spec(spec); sys.modules['filelock'] = mod; spec.loader.exec_module(mod)\n")
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import stubcache\n"
+            "print(stubcache.StubCache().load(stubcache.StubSpec('lone', 'extern \"C\" int v(void) { return 3; }')).v())")
+    out = subprocess.run([sys.executable, "-c", code, str(slow)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.split() == ["3"], out.stderr
+    stats = subprocess.run([sys.executable, "-m", "stubcache", "stats", "--format", "json"], capture_output=True,
+                           text=True, timeout=60)
+    data = json.loads(stats.stdout)
+    assert (data["builds"], data["waits"]) == (1, 0), data
