@@ -161,23 +161,8 @@ def load_inline(
     no_implicit_headers: bool = False,
     gil_not_used: bool = False,
 ) -> Any:
-    """Drop-in for ``torch.utils.cpp_extension.load_inline``: same parameters, same results
-    (the module for ``is_python_module=True``, the library path otherwise), but content-addressed
-    and safe for concurrent processes.
-
-    As torch does, a second call in one process with the same ``name`` and different inputs loads
-    the new code as module ``name_v1`` (then ``name_v2``, ...); ``verbose=True`` shows torch's build
-    output (commands and compiler output, live, on stdout); a failed build raises
-    :class:`stubcache.BuildError`, a ``RuntimeError`` with torch's message shape.
-
-    With a ``build_directory``, the library is also at ``<build_directory>/<name>.so`` when this
-    returns, and that file is the one loaded (a later ``dlopen`` of that path gets the same
-    handle, as with torch); the build itself happens in a private staging directory, never there
-    (see :mod:`stubcache.builddir` for the checks on the directory). ``keep_intermediates`` and
-    ``use_pch`` are accepted and ignored; flags are split into words as torch's build file does,
-    but never seen by a shell; ``functions`` may also be a tuple. SYCL and ``gil_not_used`` are not
-    supported (:class:`Unsupported`, a ``ValueError``; a patched torch hands such calls to torch).
-    """
+    """The full path of :func:`stubcache.dropin.load_inline` (the public drop-in, documented
+    there), taken when no hit record answers the call."""
     return load_inline_recording(None, locals())
 
 
