@@ -80,7 +80,7 @@ class Ctx:
             print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
     def cleanup(self) -> None:
-        from stubcache.store import Store
+        from stubcache.storage.store import Store
 
         Store.rmtree(str(self.work))
 

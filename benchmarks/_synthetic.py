@@ -13,8 +13,8 @@ import os
 import time
 from typing import Any
 
-from stubcache.manifest import Manifest
-from stubcache.store import Store
+from stubcache.storage.manifest import Manifest
+from stubcache.storage.store import Store
 
 FAKE_FINGERPRINT: dict[str, Any] = {
     "format": 1,

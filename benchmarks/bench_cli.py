@@ -24,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from _synthetic import fake_entry  # noqa: E402
-from stubcache.store import Store  # noqa: E402
+from stubcache.storage.store import Store  # noqa: E402
 
 PROBE = ("import sys, runpy; sys.argv = ['stubcache'] + sys.argv[1:]\n"
          "from stubcache.cli import main\n"

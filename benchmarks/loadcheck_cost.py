@@ -1,4 +1,4 @@
-"""What the post-build load check (stubcache.loadcheck) adds to a build.
+"""What the post-build load check (stubcache.build.loadcheck) adds to a build.
 
 Runs the check on a freshly built lean stub N times, in this process, beside one bare
 ``c++ -shared -fPIC`` build of the same source, and reports both and their ratio.
@@ -24,7 +24,7 @@ def main() -> None:
     if "--torch" in sys.argv:
         import torch  # noqa: F401
     n = int(args[0]) if args else 20
-    from stubcache import loadcheck
+    from stubcache.build import loadcheck
 
     with tempfile.TemporaryDirectory() as d:
         src, lib = os.path.join(d, "s.cpp"), os.path.join(d, "s.so")

@@ -26,7 +26,7 @@ FILL = textwrap.dedent("""
 
 
 def _startup(ctx: Ctx) -> list[dict]:
-    from stubcache.run import BOOT_DIR
+    from stubcache.admin.run import BOOT_DIR
 
     reps = ctx.reps(10, 40)
     base = child_env()

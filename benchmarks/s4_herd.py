@@ -25,7 +25,7 @@ DIAG = {
     "existing": "stubcache, root already exists (diagnostic)",
     "preloaded": "stubcache, root exists + filelock/builder imported before fork (diagnostic)",
 }
-LAZY_IMPORTS = ["filelock", "stubcache.builder", "stubcache.locking", "subprocess", "sysconfig", "ctypes"]
+LAZY_IMPORTS = ["filelock", "stubcache.build.builder", "stubcache.storage.locking", "subprocess", "sysconfig", "ctypes"]
 WARMUP = ("import sys, stubcache; stubcache.StubCache(sys.argv[1]).get_or_build("
           "stubcache.StubSpec('bench_warmup', 'extern \"C\" int bench_warmup(void) { return 1; }'))")
 

@@ -23,8 +23,9 @@ import sys, time
 pc = time.perf_counter
 t0 = pc(); import stubcache; t_import = pc() - t0
 import json, os, shutil, ctypes
-from stubcache import key as keymod, store as storemod, trust, events
-from stubcache.fingerprint import Fingerprint
+from stubcache.key import derive as keymod
+from stubcache.storage import store as storemod, trust, events
+from stubcache.key.fingerprint import Fingerprint
 src_file, name, kw, root, scratch, reps = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4], sys.argv[5], int(sys.argv[6])
 src = open(src_file).read()
 out = {"import stubcache (in-process)": [t_import]}
@@ -87,11 +88,11 @@ COLD_CHILD = r"""
 import json, os, sys, time
 pc = time.perf_counter
 import stubcache
-from stubcache import store as storemod
-from stubcache.fingerprint import Fingerprint
+from stubcache.storage import store as storemod
+from stubcache.key.fingerprint import Fingerprint
 out = {}
 t = pc(); import filelock; out["import filelock (not imported by stubcache; for comparison)"] = pc() - t
-t = pc(); import stubcache.builder; out["import stubcache.builder (lazy, first build)"] = pc() - t
+t = pc(); import stubcache.build.builder; out["import stubcache.build.builder (lazy, first build)"] = pc() - t
 s = storemod.Store(sys.argv[1])
 t = pc(); s.ensure(); out["create a fresh root (makedirs + sub-directories)"] = pc() - t
 t = pc(); Fingerprint(s.path("state")).base()

@@ -28,8 +28,8 @@ import json, sys, time
 pc = time.perf_counter
 t0 = pc()
 import stubcache
-from stubcache import inputs
-from stubcache.store import file_sha256
+from stubcache.key import inputs
+from stubcache.storage.store import file_sha256
 spec = stubcache.StubSpec(sys.argv[1], open(sys.argv[2]).read(), extra_include_paths=json.loads(sys.argv[3]))
 cache = stubcache.StubCache()
 t1 = pc(); e = cache.get_or_build(spec); cache.load_entry(e); first = pc() - t1

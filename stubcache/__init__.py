@@ -25,22 +25,19 @@ if "-m" in _sys.orig_argv and _sys.orig_argv[_sys.orig_argv.index("-m") + 1:][:1
         del _sys.path[0]
 
 # Every name is imported when first used: an engine's warm ``stubcache.load_inline`` call needs
-# only the drop-in's front and the compact hit path (stubcache.dropin, stubcache.hitpath), not
+# only the drop-in's front and the compact hit path (stubcache.hit.dropinfront, stubcache.hit.hitpath), not
 # the cache, the spec or the errors, each of which costs an engine process ~0.1 ms or more.
-_LAZY = {"Entry": "cache", "StubCache": "front", "StubSpec": "spec", "Manifest": "manifest",
-         "__version__": "manifest", "BuildError": "errors", "CacheMissError": "errors",
-         "IntegrityError": "errors", "LockTimeoutError": "errors", "StubCacheError": "errors",
-         "TrustError": "errors", "load_inline": "dropin", "default_cache": "compat", "load": "compat",
-         "patch_torch": "patch", "unpatch_torch": "patch", "compat": None, "patch": None}  # None: the submodule itself
+_LAZY = {"Entry": "cache.core", "StubCache": "hit.front", "StubSpec": "key.spec", "Manifest": "storage.manifest",
+         "__version__": "storage.manifest", "BuildError": "edge.errors", "CacheMissError": "edge.errors",
+         "IntegrityError": "edge.errors", "LockTimeoutError": "edge.errors", "StubCacheError": "edge.errors",
+         "TrustError": "edge.errors", "load_inline": "hit.dropinfront", "default_cache": "dropin.compat",
+         "load": "dropin.compat", "patch_torch": "dropin.patch", "unpatch_torch": "dropin.patch"}
 
 
 def __getattr__(name: str):
     if name not in _LAZY:
         raise AttributeError(f"module 'stubcache' has no attribute {name!r}")
-    module = _LAZY[name] or name
-    value = __import__(f"{__name__}.{module}", fromlist=[name])
-    if _LAZY[name]:
-        value = getattr(value, name)
+    value = getattr(__import__(f"{__name__}.{_LAZY[name]}", fromlist=[name]), name)
     globals()[name] = value  # later lookups are plain attribute reads
     return value
 

@@ -64,7 +64,7 @@ def cache_root(tmp_path, monkeypatch) -> Path:
     """A private cache root, also exported as STUBCACHE_DIR for child processes."""
     root = tmp_path / "cache"
     monkeypatch.setenv("STUBCACHE_DIR", str(root))
-    # The user's own state (the toolchain probes' memo, stubcache.probememo): one per test too,
+    # The user's own state (the toolchain probes' memo, stubcache.key.probememo): one per test too,
     # so a test's first build probes as on a fresh host.
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.delenv("STUBCACHE_REQUIRE_HIT", raising=False)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from stubcache.shared import init_root
+from stubcache.admin.shared import init_root
 
 from .conftest import run_py
 from .test_hostile_root import GROUP, LOAD, cli, plant_as, run_as, src, users  # noqa: F401  (fixture)

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from stubcache.cli import parse_filter
-from stubcache.scan import EntryRecord
-from stubcache.store import Store
-from stubcache.units import parse_duration, parse_size
+from stubcache.admin.scan import EntryRecord
+from stubcache.storage.store import Store
+from stubcache.edge.units import parse_duration, parse_size
 
 from _synthetic import fake_entry  # benchmarks/_synthetic.py, on sys.path by conftest
 
@@ -273,7 +273,7 @@ def test_doctor(cache_root, cxx):
 
 
 def test_doctor_filesystem_type_parsing(tmp_path):
-    from stubcache.doctor import filesystem_type
+    from stubcache.admin.doctor import filesystem_type
 
     mi = tmp_path / "mountinfo"
     mi.write_text("22 1 8:1 / / rw - ext4 /dev/sda1 rw\n"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from stubcache.store import Store
+from stubcache.storage.store import Store
 from _synthetic import fake_entry  # benchmarks/_synthetic.py, on sys.path by conftest
 
 from .conftest import run_py

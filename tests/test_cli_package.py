@@ -37,7 +37,7 @@ def test_each_command_imports_only_its_group(tmp_path):
 
 
 def test_warnings_reach_stderr_as_bare_lines_and_quiet_silences_them(tmp_path):
-    """The logger is set up only when something is logged (``stubcache._log``), with the same
+    """The logger is set up only when something is logged (``stubcache.edge.log``), with the same
     effect as setting it up at start: bare lines on stderr, ``-q`` keeps only errors."""
     import json
     import subprocess

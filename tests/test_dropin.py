@@ -103,7 +103,7 @@ def test_missing_source_file_raises_file_not_found_as_torch_does(cache_root, tmp
 def test_unsupported_options_raise_value_error(cache_root):
     with pytest.raises(ValueError, match="does not support sycl_sources"):
         stubcache.load_inline("sycl", "int f();", sycl_sources="x")
-    with pytest.raises(stubcache.compat.Unsupported):
+    with pytest.raises(stubcache.dropin.compat.Unsupported):
         stubcache.load("standalone", [], is_standalone=True)
 
 
@@ -221,8 +221,8 @@ def test_loaded_library_shows_its_real_path_in_proc_maps(cache_root):
 
 
 def test_a_library_swapped_between_check_and_load_is_refused(cache_root, tmp_path, monkeypatch):
-    from stubcache import mapped
-    from stubcache.errors import IntegrityError
+    from stubcache.storage import mapped
+    from stubcache.edge.errors import IntegrityError
 
     scanned = []  # the direct check (map_files) only ever accepts: a mismatch goes the full way
     full_scan = mapped._mappings
@@ -314,11 +314,11 @@ def test_patch_torch_is_idempotent_and_reversible():
         stubcache.patch_torch()
         first = cpp_ext.load_inline
         stubcache.patch_torch()
-        assert cpp_ext.load_inline is first and stubcache.patch.is_patched()
+        assert cpp_ext.load_inline is first and stubcache.dropin.patch.is_patched()
         assert first.__wrapped__ is orig[0]
     finally:
         stubcache.unpatch_torch()
-    assert (cpp_ext.load_inline, cpp_ext.load) == orig and not stubcache.patch.is_patched()
+    assert (cpp_ext.load_inline, cpp_ext.load) == orig and not stubcache.dropin.patch.is_patched()
     stubcache.unpatch_torch()  # twice is fine
 
 
@@ -375,7 +375,7 @@ def test_stubcache_run_covers_a_process_tree(cache_root, cxx, tmp_path):
 
 def test_run_env_prints_the_hook_variables():
     from stubcache.cli import main
-    from stubcache.run import BOOT_DIR
+    from stubcache.admin.run import BOOT_DIR
 
     import contextlib
     import io
@@ -388,7 +388,7 @@ def test_run_env_prints_the_hook_variables():
 
 
 def test_start_up_hook_does_nothing_without_the_variable(tmp_path):
-    from stubcache.run import BOOT_DIR
+    from stubcache.admin.run import BOOT_DIR
 
     other = tmp_path / "site2"
     other.mkdir()
@@ -404,7 +404,7 @@ def test_start_up_hook_does_nothing_without_the_variable(tmp_path):
 
 
 def test_start_up_hook_keeps_the_path_changes_of_the_sitecustomize_it_chains(tmp_path):
-    from stubcache.run import BOOT_DIR
+    from stubcache.admin.run import BOOT_DIR
 
     other = tmp_path / "site2"
     other.mkdir()
@@ -430,7 +430,7 @@ def test_two_start_up_hooks_on_the_path_do_not_recurse(tmp_path):
     """Nested ``stubcache run`` from two installs puts two hook directories on PYTHONPATH."""
     import shutil
 
-    from stubcache.run import BOOT_DIR
+    from stubcache.admin.run import BOOT_DIR
 
     second = tmp_path / "boot2"
     shutil.copytree(BOOT_DIR, second)
@@ -438,7 +438,7 @@ def test_two_start_up_hooks_on_the_path_do_not_recurse(tmp_path):
            "STUBCACHE_PATCH_TORCH": "1"}
     proc = run_py("""
         import torch.utils.cpp_extension
-        from stubcache.patch import is_patched
+        from stubcache.dropin.patch import is_patched
         print(is_patched())
     """, env=env, timeout=120)
     assert proc.stdout.split() == ["True"]
@@ -447,7 +447,7 @@ def test_two_start_up_hooks_on_the_path_do_not_recurse(tmp_path):
 def test_a_failing_patch_does_not_fail_the_programs_torch_import(tmp_path):
     fake = _fake_torch(tmp_path)
     (fake / "torch" / "utils" / "cpp_extension.py").write_text("def load_inline(*a, **k): pass\n")  # no load
-    from stubcache.run import BOOT_DIR
+    from stubcache.admin.run import BOOT_DIR
 
     proc = run_py("""
         import torch.utils.cpp_extension as m

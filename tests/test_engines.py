@@ -262,13 +262,13 @@ def test_library_planted_by_another_user_is_refused_for_that_user_not_root(cache
         os.chown(theirs, other_user.pw_uid, other_user.pw_gid)
         code = textwrap.dedent(f"""
             import os, ctypes, subprocess, sysconfig, shlex, glob, json, tempfile, hashlib, errno, signal
-            import importlib, pkgutil, filelock, stubcache, stubcache.fingerprint
+            import importlib, pkgutil, filelock, stubcache, stubcache.key.fingerprint
             # The interpreter's own files are under /root (pyenv), unreadable once dropped: import
             # every module the call may reach (the size cap after a publish, too) first.
             for m in pkgutil.walk_packages(stubcache.__path__, "stubcache."):
                 if not m.name.endswith("__main__"):
                     importlib.import_module(m.name)
-            sysconfig.get_path("include", scheme="posix_prefix"); stubcache.fingerprint.torch_dir()
+            sysconfig.get_path("include", scheme="posix_prefix"); stubcache.key.fingerprint.torch_dir()
             os.environ.update(STUBCACHE_DIR={theirs + "/cache"!r}, HOME={theirs!r}, TMPDIR={theirs!r})
             os.setgroups([]); os.setegid({other_user.pw_gid}); os.seteuid({other_user.pw_uid})
             try:

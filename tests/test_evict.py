@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from stubcache.manifest import Manifest
-from stubcache.store import Store
+from stubcache.storage.manifest import Manifest
+from stubcache.storage.store import Store
 
 from .conftest import run_py
 from .test_hostile_root import shared, users  # noqa: F401 - fixtures (real users; root only)
@@ -196,7 +196,7 @@ def test_entries_never_hit_are_counted_and_evicted_first(cache_root, cxx):
 
 
 def test_every_root_has_a_default_cap_that_off_turns_off(cache_root, cxx):
-    from stubcache.sizecap import DEFAULT_MAX_SIZE
+    from stubcache.admin.sizecap import DEFAULT_MAX_SIZE
 
     build_real([1], run_py)
     cfg = cli_json(cache_root, "config")
@@ -342,7 +342,7 @@ def test_a_name_that_embeds_the_pid_gets_one_hint_per_process(cache_root, cxx):
     ("a1b2", "a9b9", 9, True),                    # every run of the pid may differ
 ])
 def test_differs_only_by_pid(candidate, wanted, pid, expected):
-    from stubcache.pidhint import differs_only_by_pid
+    from stubcache.cache.pidhint import differs_only_by_pid
 
     assert differs_only_by_pid(candidate, wanted, pid) is expected
 

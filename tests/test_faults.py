@@ -17,7 +17,7 @@ import pytest
 
 import stubcache
 from stubcache import StubCache, StubSpec
-from stubcache.store import Store, file_sha256
+from stubcache.storage.store import Store, file_sha256
 
 from .conftest import run_py, wait_until
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from stubcache import fsroot
+from stubcache.edge import fsroot
 
 
 def plant_deep(parent: Path, name: str, depth: int, *, link_to: Path | None = None) -> None:

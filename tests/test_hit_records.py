@@ -1,4 +1,4 @@
-"""The compact hit path (stubcache.hitpath): a warm call answered through the hit record the full
+"""The compact hit path (stubcache.hit.hitpath): a warm call answered through the hit record the full
 path left, in real processes, and every way a record or an entry can be wrong sending the call
 back to the full path, which then loads the right library (or refuses, as before)."""
 
@@ -11,8 +11,10 @@ import textwrap
 
 import pytest
 
-from stubcache import compat, fsroot, hitpath
-from stubcache.spec import FIELDS
+from stubcache.dropin import compat
+from stubcache.edge import fsroot
+from stubcache.hit import hitpath
+from stubcache.key.spec import FIELDS
 
 from .conftest import run_py
 
@@ -23,12 +25,12 @@ SRC = 'extern "C" int value(void) { return %d; }'
 DROPIN = """
 import sys, ctypes, stubcache
 path = stubcache.load_inline("recstub", %r, is_python_module=False, no_implicit_headers=True%s)
-print(ctypes.CDLL(path).value(), "stubcache.cache" not in sys.modules, path)
+print(ctypes.CDLL(path).value(), "stubcache.cache.core" not in sys.modules, path)
 """
 LOAD = """
 import sys, stubcache
 lib = stubcache.StubCache().load(stubcache.StubSpec("recstub", %r))
-print(lib.value(), "stubcache.cache" not in sys.modules, lib._name)
+print(lib.value(), "stubcache.cache.core" not in sys.modules, lib._name)
 """
 
 
@@ -56,7 +58,7 @@ def warm(call) -> None:
 
 def test_forwarded_fields_and_flags_agree_with_the_full_modules():
     assert compat._FORWARDED == tuple(f.name for f in FIELDS if f.torch and f.name != "name")
-    from stubcache import dropin as front
+    from stubcache.hit import dropinfront as front
 
     assert front.FORWARDED == compat._FORWARDED
     assert (hitpath.O_DIR, hitpath.O_READ, hitpath.LIBRARY_CAP) == (fsroot.O_DIR, fsroot.O_READ, fsroot.LIBRARY_CAP)
@@ -133,7 +135,7 @@ def test_a_warm_call_takes_the_record_and_is_pinned_and_counted(cache_root, cxx,
     try:
         line = child.stdout.readline().split()
         assert line[:2] == ["1", "True"]
-        from stubcache import locking
+        from stubcache.storage import locking
 
         key = json.loads(records(cache_root)[0].read_text())["key"]
         with fsroot.Dir(str(cache_root / "v1" / "pins")) as pins:
@@ -248,7 +250,7 @@ import sys, ctypes, stubcache
 import torch.utils.cpp_extension as ext
 stubcache.patch_torch()
 path = ext.load_inline("recstub", %r, is_python_module=False, no_implicit_headers=True)
-print(ctypes.CDLL(path).value(), "stubcache.cache" not in sys.modules, "stubcache.compat" not in sys.modules)
+print(ctypes.CDLL(path).value(), "stubcache.cache.core" not in sys.modules, "stubcache.dropin.compat" not in sys.modules)
 """
 
 
@@ -264,7 +266,7 @@ UNPATCHED = """
 import sys, ctypes
 import torch.utils.cpp_extension as ext
 path = ext.load_inline("recstub", %r, is_python_module=False, no_implicit_headers=True)
-print(ctypes.CDLL(path).value(), "stubcache.cache" not in sys.modules, "stubcache.compat" not in sys.modules)
+print(ctypes.CDLL(path).value(), "stubcache.cache.core" not in sys.modules, "stubcache.dropin.compat" not in sys.modules)
 """
 
 
@@ -314,7 +316,7 @@ def test_every_variable_stubcache_reads_is_sorted_for_the_record():
 
 
 def test_the_patched_load_inline_hands_only_unsupported_calls_to_torch(cache_root, monkeypatch):
-    from stubcache import patch
+    from stubcache.dropin import patch
 
     calls = []
     monkeypatch.setitem(patch._originals, "load_inline", lambda *a, **k: calls.append(k) or "torch's own")

@@ -14,7 +14,7 @@ import textwrap
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stubcache import _digest, _json
+from stubcache.edge import _digest, _json
 from tests.conftest import REPO
 
 SCALARS = st.none() | st.booleans() | st.integers() | st.floats() | st.text()
@@ -57,7 +57,7 @@ def test_malformed_json_raises_jsons_error_in_a_process_without_json():
     code = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(REPO)!r})
-        from stubcache import _json
+        from stubcache.edge import _json
         assert "json.decoder" not in sys.modules
         for bad in ('{{"a": 1', '[1,]', 'nul', '{{"a" 1}}', b'{{"a":', '[1 2]'):
             try:
@@ -122,19 +122,21 @@ def test_a_hit_imports_only_what_it_needs(cache_root, tmp_path):
                                        TEST_BUILD_PATH=filelock_only))
         assert proc.returncode == 0, proc.stderr
     loaded = set(proc.stdout.split())
-    # The compact hit path (stubcache.front, stubcache.hitpath; docs/performance.md): the spec the
+    # The compact hit path (stubcache.hit.front, stubcache.hit.hitpath; docs/performance.md): the spec the
     # caller made, SHA-256 and JSON without hashlib and json (this process has neither), nothing else.
-    assert {m for m in loaded if m.startswith("stubcache")} == HIT_MODULES | {"stubcache.front", "stubcache.spec"}, loaded
+    expected = HIT_MODULES | {"stubcache.hit.front", "stubcache.key", "stubcache.key.spec"}
+    assert {m for m in loaded if m.startswith("stubcache")} == expected, loaded
     heavy = {"json", "hashlib", "threading", "typing", "re", "enum", "logging", "subprocess", "shutil",
              "tempfile", "pathlib", "dataclasses", "signal", "importlib.util", "torch", "filelock",
-             "operator", "stubcache.compat", "stubcache.patch", "stubcache.toolchain", "stubcache.builder",
-             "stubcache.progress", "stubcache._faults", "stubcache.tracking", "stubcache._log"}
+             "operator", "stubcache.dropin.compat", "stubcache.dropin.patch", "stubcache.key.toolchain",
+             "stubcache.build.builder", "stubcache.edge.progress", "stubcache.edge.faults", "stubcache.key.tracking", "stubcache.edge.log"}
     assert not loaded & heavy, loaded & heavy
 
 
 # What a warm hit imports of stubcache: the compact hit path, and the stand-ins for hashlib and
 # json in a process that has neither (an engine process has both: then only the first three).
-HIT_MODULES = {"stubcache", "stubcache.hitpath", "stubcache._digest", "stubcache._json"}
+HIT_MODULES = {"stubcache", "stubcache.hit", "stubcache.hit.hitpath", "stubcache.edge", "stubcache.edge._digest",
+               "stubcache.edge._json"}
 
 
 def test_a_quiet_dropin_hit_imports_no_status_line_nor_logger(cache_root, tmp_path):
@@ -159,8 +161,8 @@ def test_a_quiet_dropin_hit_imports_no_status_line_nor_logger(cache_root, tmp_pa
                                        TEST_BUILD_PATH=filelock_only))
         assert proc.returncode == 0, proc.stderr
     loaded = set(proc.stdout.split())
-    assert {m for m in loaded if m.startswith("stubcache")} == HIT_MODULES | {"stubcache.dropin"}, loaded
+    assert {m for m in loaded if m.startswith("stubcache")} == HIT_MODULES | {"stubcache.hit.dropinfront"}, loaded
     heavy = {"json", "hashlib", "threading", "typing", "re", "logging", "subprocess", "torch", "filelock",
-             "stubcache.progress", "stubcache._log", "stubcache.toolchain", "stubcache.builder",
-             "stubcache.tracking", "stubcache._faults"}
+             "stubcache.edge.progress", "stubcache.edge.log", "stubcache.key.toolchain", "stubcache.build.builder",
+             "stubcache.key.tracking", "stubcache.edge.faults"}
     assert not loaded & heavy, loaded & heavy

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from stubcache import StubCache, StubSpec
 from stubcache.cli import main
-from stubcache.store import SUBDIRS
+from stubcache.storage.store import SUBDIRS
 
 from .test_hostile_root import make_outside, snapshot
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from stubcache import StubCache, StubSpec
-from stubcache.shared import init_root
+from stubcache.admin.shared import init_root
 
 from .conftest import run_py, wait_until
 
@@ -129,7 +129,7 @@ import filelock, hmac, secrets, socket, base64, struct, zlib, locale, gettext  #
 for m in pkgutil.walk_packages(stubcache.__path__, "stubcache."):
     if not m.name.endswith("__main__"):
         importlib.import_module(m.name)
-sysconfig.get_path("include", scheme="posix_prefix"); stubcache.fingerprint.torch_dir()
+sysconfig.get_path("include", scheme="posix_prefix"); stubcache.key.fingerprint.torch_dir()
 pw = pwd.getpwnam({user!r})
 groups = sorted({{g.gr_gid for g in grp.getgrall() if pw.pw_name in g.gr_mem}} | {{pw.pw_gid}})
 os.setgroups(groups); os.setegid(pw.pw_gid); os.seteuid(pw.pw_uid)
@@ -660,7 +660,7 @@ def test_a_huge_sparse_library_is_refused_before_it_is_hashed(cache_root):
     size into the manifest: hashing it would hold root's cron ``verify`` and every engine that
     loads the key for about an hour. Beyond the library cap it is refused unread."""
 
-    from stubcache import fsroot
+    from stubcache.edge import fsroot
 
     out = run_py(LOAD, env={"SRC": src(5), "NAME": "huge"}).stdout.split()
     lib = out[2]
@@ -687,9 +687,9 @@ def test_hashing_a_tracked_path_never_opens_a_fifo_or_device(tmp_path):
     device has effects of its own (a watchdog starts, a tape rewinds), and opening a FIFO
     releases a writer waiting for a reader. Only a regular file is ever opened."""
 
-    from stubcache import fsroot
-    from stubcache.inputs import changed_inputs, still_valid
-    from stubcache.store import file_sha256
+    from stubcache.edge import fsroot
+    from stubcache.key.inputs import changed_inputs, still_valid
+    from stubcache.storage.store import file_sha256
 
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)

@@ -310,7 +310,7 @@ def test_every_flag_list_that_reaches_the_compiler_is_scanned(cache_root, cxx, t
 
 
 def test_the_flag_scanner_reads_every_form():
-    from stubcache.flagscan import scan
+    from stubcache.key.flagscan import scan
 
     found = scan(["-I", "/a", "-isystem/b", "-include", "/c.h", "-specs=/d.specs", "@/e.rsp", "-fplugin=/f.so",
                   "-B", "/g/", "-mtune=native"],

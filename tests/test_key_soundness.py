@@ -307,8 +307,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                                           pytest.param("load_inline", [], marks=pytest.mark.torch)])
 def test_two_builds_of_one_key_are_identical(cache_root, tmp_path, method, flags):
     """The random staging path must not reach the library (file names, debug info, __FILE__)."""
-    from stubcache.builder import build
-    from stubcache.store import file_sha256
+    from stubcache.build.builder import build
+    from stubcache.storage.store import file_sha256
 
     src = '#include <assert.h>\nextern "C" const char *where(int x) { assert(x); return __FILE__; }\n'
     shas = []
@@ -320,7 +320,7 @@ def test_two_builds_of_one_key_are_identical(cache_root, tmp_path, method, flags
 
 
 WEAK_BUILD = """
-import os, stubcache, stubcache.inputs as inputs
+import os, stubcache, stubcache.key.inputs as inputs
 real_track = inputs.track
 def weakened(deps, *a, **k):  # a key that forgets one header: what a hole in the key looks like
     return real_track([d for d in deps if not d.endswith("val.h")], *a, **k)
@@ -365,8 +365,8 @@ def test_verify_rebuild_reports_a_stale_entry(cache_root, cxx, tmp_path):
 def test_options_that_do_not_change_the_bytes_share_a_key(cache_root, tmp_path):
     """Without ``functions``, ``is_python_module`` and ``with_pytorch_error_handling`` give
     byte-identical libraries (measured here), so they share one key."""
-    from stubcache.builder import build
-    from stubcache.store import file_sha256
+    from stubcache.build.builder import build
+    from stubcache.storage.store import file_sha256
 
     src = 'extern "C" int value(void) { return 4; }\n'
     variants = [dict(is_python_module=p, with_pytorch_error_handling=h) for p in (False, True) for h in (False, True)]
@@ -424,8 +424,8 @@ def test_malformed_inputs_record_is_quarantined_and_rebuilt(cache_root, cxx, bad
 
 def test_linker_trace_fallback_finds_the_archive(tmp_path, monkeypatch):
     """Without ``--dependency-file`` (binutils < 2.35) the direct path reads ``-Wl,--trace``."""
-    from stubcache import buildinputs
-    from stubcache.builder import build
+    from stubcache.build import buildinputs
+    from stubcache.build.builder import build
 
     lib = tmp_path / "lib"
     lib.mkdir()

@@ -1,4 +1,4 @@
-"""Locks and atomic writes (``stubcache.locking``): real processes hold the locks, ``kill -9``
+"""Locks and atomic writes (``stubcache.storage.locking``): real processes hold the locks, ``kill -9``
 interrupts the writes, and modes are checked under a hostile umask."""
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from stubcache import fsroot, locking
-from stubcache.errors import LockTimeoutError
+from stubcache.edge import fsroot
+from stubcache.storage import locking
+from stubcache.edge.errors import LockTimeoutError
 
 HOLD = textwrap.dedent("""
     import fcntl, os, sys
@@ -142,7 +143,7 @@ def test_the_bounded_wait_gives_up_stops_when_asked_and_takes_a_freed_lock(tmp_p
 
 
 def test_a_timed_out_build_lock_names_its_holder(cache_root):
-    from stubcache.store import Store
+    from stubcache.storage.store import Store
 
     store = Store(str(cache_root))
     store.ensure()
@@ -269,7 +270,8 @@ def test_temporary_names_carry_the_writer_pid():
 
 WRITER = textwrap.dedent("""
     import os, sys
-    from stubcache import fsroot, locking
+    from stubcache.edge import fsroot
+    from stubcache.storage import locking
     size = int(sys.argv[2])
     dfd = fsroot.open_dir(sys.argv[1])
     versions = [bytes([65 + i]) * size for i in range(3)]
@@ -311,7 +313,7 @@ def test_kill_9_during_atomic_writes_leaves_old_or_new_content_never_a_part(tmp_
 
 def shared_root(path: Path) -> Path:
     """A root shared with this user's own primary group (``stubcache init --shared``)."""
-    from stubcache.shared import init_root
+    from stubcache.admin.shared import init_root
 
     init_root(str(path), str(os.getgid()))
     return path
@@ -331,7 +333,7 @@ def test_verify_records_its_quarantine_event_with_the_shared_mode(cache_root):
 
 
 def test_compaction_keeps_the_shared_modes_whatever_the_umask(cache_root, umask077):
-    from stubcache.stats import compact_events
+    from stubcache.admin.stats import compact_events
 
     root = shared_root(cache_root)
     events = root / "v1" / "events"
@@ -346,8 +348,8 @@ def test_compaction_keeps_the_shared_modes_whatever_the_umask(cache_root, umask0
 
 
 def test_a_temporary_lease_file_of_a_live_writer_is_not_stale(cache_root):
-    from stubcache.scan import scan_leftovers
-    from stubcache.store import Store
+    from stubcache.admin.scan import scan_leftovers
+    from stubcache.storage.store import Store
 
     store = Store(str(cache_root))
     store.ensure()

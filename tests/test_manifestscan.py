@@ -8,10 +8,10 @@ import os
 import pytest
 from _synthetic import fake_entry  # benchmarks/_synthetic.py, on sys.path by conftest
 
-from stubcache.entryfilter import FilterError, parse_filter, select
-from stubcache.manifestscan import EntryLookupError, entry_by_prefix, key_status, preimages_named
-from stubcache.scan import scan_entries
-from stubcache.store import Store
+from stubcache.admin.entryfilter import FilterError, parse_filter, select
+from stubcache.admin.manifestscan import EntryLookupError, entry_by_prefix, key_status, preimages_named
+from stubcache.admin.scan import scan_entries
+from stubcache.storage.store import Store
 
 
 @pytest.fixture

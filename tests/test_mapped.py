@@ -1,4 +1,4 @@
-"""The check that what the loader mapped is the verified file (stubcache/mapped.py): the direct
+"""The check that what the loader mapped is the verified file (stubcache/storage/mapped.py): the direct
 way (the object's first segment through /proc/self/map_files). The full scan of /proc/self/maps,
 which decides whenever the direct way cannot, is exercised by
 tests/test_dropin.py::test_a_library_swapped_between_check_and_load_is_refused."""
@@ -9,7 +9,7 @@ import ctypes
 import os
 
 import stubcache
-from stubcache import mapped
+from stubcache.storage import mapped
 
 
 def _maps_of(path: str) -> list[tuple[str, int]]:

@@ -20,7 +20,7 @@ def test_one_version_literal():
     assert re.fullmatch(r"\d+\.\d+\.\d+\S*", stubcache.__version__)
     literals = [p.relative_to(REPO) for p in (REPO / "stubcache").rglob("*.py")
                 if re.search(r"^__version__\s*=", p.read_text(), re.M)]
-    assert [str(p) for p in literals] == ["stubcache/manifest.py"]
+    assert [str(p) for p in literals] == ["stubcache/storage/manifest.py"]
     assert not re.search(r"^version\s*=\s*\"", (REPO / "pyproject.toml").read_text(), re.M)
 
 

@@ -3,10 +3,10 @@ for, on each Python the torch-free core runs on (3.10–3.13). Each saves an imp
 otherwise pay (``json``, ``hashlib``'s OpenSSL, ``threading``) or a per-call cost; if a release
 changes one, the test here fails instead of the cache quietly computing another key.
 
-- ``_json``'s C encoder and scanner (``stubcache._json``; differential tests of every value in
+- ``_json``'s C encoder and scanner (``stubcache.edge._json``; differential tests of every value in
   ``test_hitpath_imports.py``): here, that the C path is the one taken on CPython.
-- ``_sha256``/``_sha2``'s built-in SHA-256 (``stubcache._digest``).
-- ``os.environ._data`` with ``encodekey``/``decodevalue`` (``stubcache.fingerprint``).
+- ``_sha256``/``_sha2``'s built-in SHA-256 (``stubcache.edge._digest``).
+- ``os.environ._data`` with ``encodekey``/``decodevalue`` (``stubcache.key.fingerprint``).
 - ``_thread.allocate_lock``, ``_thread.RLock`` and ``_thread._local`` (``_log``, ``patch``,
   ``progress``): the very objects ``threading`` hands out.
 """
@@ -24,7 +24,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stubcache import _digest, _json, fingerprint
+from stubcache.edge import _digest, _json
+from stubcache.key import fingerprint
 
 from .conftest import run_py
 
@@ -57,7 +58,7 @@ def test_the_builtin_sha256_is_sha256(chunks):
 def test_a_fresh_process_hashes_small_inputs_without_openssl():
     proc = run_py("""
         import sys
-        from stubcache import _digest
+        from stubcache.edge import _digest
         print(_digest.sha256(b"abc").hexdigest(), "hashlib" in sys.modules)
         """)
     assert proc.stdout.split() == [hashlib.sha256(b"abc").hexdigest(), "False"]
@@ -75,7 +76,7 @@ def test_a_fresh_process_encodes_and_decodes_without_json():
     doc = {"key": "ab" * 16, "n": [1, 2.5, -0.0, 1e300, None, True], "s": "é\u2028\x00\"\\", "d": {"z": 1, "a": []}}
     proc = run_py(f"""
         import sys
-        from stubcache import _json
+        from stubcache.edge import _json
         doc = {doc!r}
         out = [_json.dumps(doc, sort_keys=True, separators=(",", ":")), _json.dumps(doc, ensure_ascii=False)]
         assert _json.loads(out[0]) == doc and _json.loads(out[1].encode()) == doc

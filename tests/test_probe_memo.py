@@ -1,4 +1,4 @@
-"""The toolchain probes' memo per user and host (stubcache.probememo), in real processes: a new
+"""The toolchain probes' memo per user and host (stubcache.key.probememo), in real processes: a new
 root's first build reads the answers instead of running the compiler driver again; a changed
 compiler is probed again; a memo that is not the user's own, or not a memo, is ignored."""
 

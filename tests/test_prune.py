@@ -9,9 +9,9 @@ import signal
 import time
 from pathlib import Path
 
-from stubcache.prune import PrunePolicy, current_fingerprint, plan_prune
-from stubcache.scan import scan_cache
-from stubcache.store import Store
+from stubcache.admin.prune import PrunePolicy, current_fingerprint, plan_prune
+from stubcache.admin.scan import scan_cache
+from stubcache.storage.store import Store
 
 from _synthetic import fake_entry  # benchmarks/_synthetic.py, on sys.path by conftest
 

@@ -339,8 +339,8 @@ def test_hosts_with_different_fingerprints_never_share(redis, tmp_path, cxx):
     blob_a = r.get(PREFIX + a["key"])
     _, manifest, library = split(blob_a)
     m = json.loads(manifest)
-    from stubcache.inputs import absent_paths
-    from stubcache.key import entry_key
+    from stubcache.key.inputs import absent_paths
+    from stubcache.key.derive import entry_key
 
     # A writer holding the secret, on another toolchain, with a self-consistent entry key.
     m.update(key=entry_key(b["key"], m["headers"], absent_paths(m["inputs"])), base_key=b["key"])

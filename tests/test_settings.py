@@ -101,7 +101,7 @@ def test_library_refuses_bad_lock_timeout_when_made(tmp_path):
 
 
 def test_lock_timeout_accepts_seconds_and_units(tmp_path):
-    from stubcache.settings import lock_timeout
+    from stubcache.edge.settings import lock_timeout
 
     assert lock_timeout({"STUBCACHE_LOCK_TIMEOUT": "5"}) == 5.0
     assert lock_timeout({"STUBCACHE_LOCK_TIMEOUT": "10m"}) == 600.0

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from stubcache import StubCache
-from stubcache.locking import try_flock
+from stubcache.storage.locking import try_flock
 
 from .conftest import run_py
 from .test_cli_support import build_real, run_cli
@@ -57,7 +57,7 @@ def test_cap_from_the_environment_and_in_use_entries_are_kept(cache_root, cxx, m
 
 
 def test_only_one_process_cleans_at_a_time(cache_root, cxx, monkeypatch):
-    from stubcache import sizecap
+    from stubcache.admin import sizecap
 
     build_real([1, 2], run_py)
     store = StubCache().store
@@ -82,7 +82,7 @@ def test_a_root_removed_after_a_publish_is_not_brought_back(cache_root, cxx):
     test: its next example's scratch directory reappeared under it)."""
     import shutil
 
-    from stubcache import sizecap
+    from stubcache.admin import sizecap
 
     build_real([1], run_py)
     store = StubCache().store
@@ -157,7 +157,7 @@ def test_help_lists_environment_and_exit_codes(cache_root):
 def test_entries_of_a_gone_toolchain_age_out_first(cache_root, cxx, monkeypatch, age_days, expect_gone):
     import time
 
-    from stubcache import sizecap
+    from stubcache.admin import sizecap
     from _synthetic import fake_entry
 
     real = build_real([1], run_py)[0]
@@ -213,7 +213,7 @@ def test_doctor_and_warm_on_a_read_only_root(tmp_path, cxx):
 def test_gone_toolchain_ages_out_below_the_cap_once_a_day(cache_root, cxx, monkeypatch):
     import time
 
-    from stubcache import sizecap
+    from stubcache.admin import sizecap
     from _synthetic import fake_entry
 
     build_real([1], run_py)
@@ -239,7 +239,7 @@ def test_a_process_forked_during_the_prune_does_not_keep_its_lock(cache_root, cx
     import signal
     import time
 
-    from stubcache import sizecap
+    from stubcache.admin import sizecap
 
     build_real([1], run_py)
     store = StubCache().store

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stubcache import StubCache, StubSpec
-from stubcache.fingerprint import Fingerprint
-from stubcache.key import diff_preimages
+from stubcache.key.fingerprint import Fingerprint
+from stubcache.key.derive import diff_preimages
 
 C_SRC = 'extern "C" int value(void) { return 1; }'
 
@@ -159,7 +159,7 @@ def test_torch_include_rule_is_the_regex(src):
     """The torch-include rule without re answers as the regex it replaced."""
     import re
 
-    from stubcache.spec import _includes_torch_header
+    from stubcache.key.spec import _includes_torch_header
 
     regex = r'#\s*include\s*[<"](?:torch|ATen|c10|pybind11|caffe2)/'
     assert _includes_torch_header(src) == (re.search(regex, src) is not None)

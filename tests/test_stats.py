@@ -13,9 +13,9 @@ import subprocess
 import sys
 
 import stubcache
-from stubcache.events import EVENTS, Event
-from stubcache.stats import COUNTED_EVENTS, UNCOUNTED_EVENTS, EventTotals
-from stubcache.store import Store
+from stubcache.storage.events import EVENTS, Event
+from stubcache.admin.stats import COUNTED_EVENTS, UNCOUNTED_EVENTS, EventTotals
+from stubcache.storage.store import Store
 
 from .conftest import run_py, spawn_py
 from .test_cli_support import cli_json, run_cli
@@ -92,7 +92,7 @@ def test_stats_counts_failed_builds_and_handles_an_empty_root(cache_root, cxx):
 def test_remote_byte_counts_from_event_files_are_range_checked():
     """Event files are written by every process using the root: a negative, boolean or absurd
     ``bytes`` value is ignored rather than folded into the totals."""
-    from stubcache.stats import EventTotals
+    from stubcache.admin.stats import EventTotals
 
     totals = EventTotals()
     for n in (-5, True, 1 << 62, 1.5, "7", 100):
@@ -135,7 +135,7 @@ def test_prune_merges_event_files_of_finished_processes(cache_root):
 
 
 def test_compaction_killed_before_deleting_its_sources_counts_nothing_twice(cache_root):
-    from stubcache.stats import compact_events
+    from stubcache.admin.stats import compact_events
 
     for n in range(3):
         run_py('import stubcache; stubcache.StubCache().load(stubcache.StubSpec("k%d", '

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from stubcache import CacheMissError, StubCache, StubSpec
-from stubcache.shared import init_root
+from stubcache.admin.shared import init_root
 
 from .conftest import run_py
 
@@ -64,8 +64,8 @@ def expect_refusal(n: int = 1, match: str = "refusing", root_level: bool = False
 def test_a_store_takes_its_policy_once(tmp_path):
     """A Store is made with its root's trust policy, which sets the modes of what it creates;
     no one can change it afterwards."""
-    from stubcache.store import Store
-    from stubcache.trust import TrustPolicy
+    from stubcache.storage.store import Store
+    from stubcache.storage.trust import TrustPolicy
 
     policy = TrustPolicy(gid=os.getgid(), group="g")
     store = Store(str(tmp_path / "r"), policy)
@@ -145,15 +145,15 @@ def run_as(user: str, code: str, env: dict) -> subprocess.CompletedProcess:
     user's effective ids: every file access after that is the user's."""
     pre = textwrap.dedent(f"""
         import os, pwd, grp
-        import stubcache, stubcache.builder, stubcache.locking, stubcache.shared, stubcache.store
-        import stubcache.toolchain, stubcache.compat, stubcache.patch, stubcache.progress, stubcache._faults
+        import stubcache, stubcache.build.builder, stubcache.storage.locking, stubcache.admin.shared, stubcache.storage.store
+        import stubcache.key.toolchain, stubcache.dropin.compat, stubcache.dropin.patch, stubcache.edge.progress, stubcache.edge.faults
         import fcntl, ctypes, subprocess, tempfile, shutil, json, logging, sysconfig, hashlib, threading, re
         import glob, shlex, inspect, atexit, errno, signal, traceback, argparse, locale, gettext, dataclasses
         import importlib, pkgutil, filelock
         for m in pkgutil.walk_packages(stubcache.__path__, "stubcache."):  # every module a command may reach
             if not m.name.endswith("__main__"):
                 importlib.import_module(m.name)
-        sysconfig.get_path("include", scheme="posix_prefix"); stubcache.fingerprint.torch_dir()
+        sysconfig.get_path("include", scheme="posix_prefix"); stubcache.key.fingerprint.torch_dir()
         pw = pwd.getpwnam({user!r})
         groups = sorted({{g.gr_gid for g in grp.getgrall() if pw.pw_name in g.gr_mem}} | {{pw.pw_gid}})
         os.setgroups(groups); os.setegid(pw.pw_gid); os.seteuid(pw.pw_uid)

@@ -23,7 +23,7 @@ Exit codes:
 
 from __future__ import annotations
 
-from ..entryfilter import parse_filter  # the --filter language, beside the scan it filters
+from ..admin.entryfilter import parse_filter  # the --filter language, beside the scan it filters
 from .exits import (EXIT_ABORTED, EXIT_INTERRUPTED, EXIT_NOT_RUN, EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE,
                     UsageError)
 from .dispatch import main

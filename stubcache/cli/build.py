@@ -13,8 +13,8 @@ from .output import View, out, problem, show, table
 
 
 def cmd_warm(args: argparse.Namespace) -> int:
-    from ..errors import StubCacheError
-    from ..specref import SpecRefError, load_specs
+    from ..edge.errors import StubCacheError
+    from ..admin.specref import SpecRefError, load_specs
 
     specs = []
     for ref in args.refs:
@@ -23,10 +23,10 @@ def cmd_warm(args: argparse.Namespace) -> int:
         except SpecRefError as exc:
             raise UsageError(str(exc)) from None
     os.environ.pop("STUBCACHE_REQUIRE_HIT", None)  # warming is how a require-hit cache gets filled
-    from ..front import StubCache
+    from ..hit.front import StubCache
 
     cache = StubCache(_root(args))
-    from ..progress import Bar
+    from ..edge.progress import Bar
 
     results = []
     bar = Bar("warming")
@@ -63,7 +63,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     import shlex
 
-    from ..run import exec_command, run_environment
+    from ..admin.run import exec_command, run_environment
 
     if args.cache_dir:
         os.environ["STUBCACHE_DIR"] = os.path.abspath(args.cache_dir)

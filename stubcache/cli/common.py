@@ -13,7 +13,7 @@ def root(args: argparse.Namespace) -> str:
     """``--cache-dir`` (absolute), else the default root."""
     if getattr(args, "cache_dir", None):
         return os.path.abspath(os.path.expanduser(args.cache_dir))
-    from ..store import default_root
+    from ..storage.store import default_root
 
     return default_root()
 
@@ -21,9 +21,9 @@ def root(args: argparse.Namespace) -> str:
 def store(args: argparse.Namespace):
     """The Store of the selected root, made with the root's layout policy (so files it creates
     get group modes in a shared root); a root whose config fails the trust checks is private."""
-    from ..errors import TrustError
-    from ..store import Store
-    from ..trust import load_policy
+    from ..edge.errors import TrustError
+    from ..storage.store import Store
+    from ..storage.trust import load_policy
 
     path = root(args)
     try:
@@ -49,9 +49,9 @@ def confirm(prompt: str, args: argparse.Namespace) -> None:
 
 def match_key(ref: str, entries, store_root: str):
     """What the KEY argument ``ref`` names among scanned ``entries``
-    (:class:`stubcache.keyref.KeyMatch`: a spec key or an entry key, in full or a unique prefix);
+    (:class:`stubcache.admin.keyref.KeyMatch`: a spec key or an entry key, in full or a unique prefix);
     a :class:`UsageError` (exit 2) if it is not a key, names nothing or is ambiguous."""
-    from ..keyref import KeyRefError, resolve_key
+    from ..admin.keyref import KeyRefError, resolve_key
     from .exits import UsageError
 
     try:

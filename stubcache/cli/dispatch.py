@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from .. import _log
+from ..edge import log
 from .exits import EXIT_USAGE, run_command
 from .parser import build_parser
 
@@ -31,7 +31,7 @@ def _validate_remote(args) -> None:
 def _settings_problem(args) -> int | None:
     """Check every setting once at start: a malformed STUBCACHE_* variable (exit 2) or a root
     that is a file (exit 1: nothing can work) ends here with one line, before any command runs."""
-    from ..settings import root_path_problem, validate
+    from ..edge.settings import root_path_problem, validate
     from .common import root
     from .exits import EXIT_PROBLEMS, error
 
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    _log.log_to_stderr("ERROR" if args.quiet else "DEBUG" if args.verbose > 1 else "WARNING")
+    log.log_to_stderr("ERROR" if args.quiet else "DEBUG" if args.verbose > 1 else "WARNING")
     if args.command != "doctor":  # doctor reports every malformed setting itself
         bad = _settings_problem(args)
         if bad is not None:

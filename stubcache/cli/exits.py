@@ -55,8 +55,8 @@ def error(text: str) -> None:
 def run_command(command: Callable[[], int]) -> int:
     """Run one command; its return value is the exit code, and each exception it raises maps to
     one code here, with a one-line message instead of a traceback."""
-    from ..errors import StubCacheError
-    from ..settings import SettingsError
+    from ..edge.errors import StubCacheError
+    from ..edge.settings import SettingsError
 
     try:
         return command()
@@ -81,7 +81,7 @@ def run_command(command: Callable[[], int]) -> int:
         return EXIT_INTERRUPTED
     except (StubCacheError, OSError) as exc:
         # A hostile or broken root gets a one-line message, never a traceback.
-        from ..fsroot import printable
+        from ..edge.fsroot import printable
         from ..remote.config import RemoteConfigError
 
         error(printable(exc, 2000))

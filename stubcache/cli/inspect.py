@@ -18,7 +18,7 @@ from .output import View, iso, short_compiler, show, table
 
 
 def _ls_rows(entries, now: float, verbose: bool) -> tuple[list[str], list[list[Any]]]:
-    from ..units import human_age, human_size
+    from ..edge.units import human_age, human_size
 
     headers = ["ENTRY KEY", "NAME", "SIZE", "TORCH", "COMPILER", "CREATED", "LAST USED", "IN USE"]
     if verbose:
@@ -46,8 +46,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
         from .remote import cmd_ls_remote
 
         return cmd_ls_remote(args)
-    from ..entryfilter import FilterError, parse_filter, select
-    from ..scan import scan_entries
+    from ..admin.entryfilter import FilterError, parse_filter, select
+    from ..admin.scan import scan_entries
 
     store = _store(args)
     try:
@@ -62,7 +62,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         headers, rows = _ls_rows(entries, now, args.verbose > 0)
         lines = [table(headers, rows, right=(2,))] if rows else []
         if not args.quiet:
-            from ..units import human_size
+            from ..edge.units import human_size
 
             total = sum(e.size for e in entries)
             in_use = sum(1 for e in entries if e.in_use)
@@ -82,7 +82,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def _stats_rows(s) -> list[tuple[str, str]]:
-    from ..units import human_seconds, human_size
+    from ..edge.units import human_seconds, human_size
 
     rate = f"{s.hit_rate * 100:.1f}%" if s.hit_rate is not None else "-"
     return [
@@ -120,8 +120,8 @@ def _stats_rows(s) -> list[tuple[str, str]]:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from ..scan import scan_entries
-    from ..stats import compute_stats, fold_events
+    from ..admin.scan import scan_entries
+    from ..admin.stats import compute_stats, fold_events
 
     store = _store(args)
     if getattr(args, "reset", False):
@@ -136,8 +136,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
     s = compute_stats(store.root, entries, totals, qitems)
 
     def prometheus() -> str:
-        from ..prometheus import render
-        from ..sizecap import configured_max_size
+        from ..admin.prometheus import render
+        from ..admin.sizecap import configured_max_size
 
         return render(s, configured_max_size(store.root))
 
@@ -149,7 +149,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 def reset_view(store, args: argparse.Namespace) -> View | None:
     """Zero the counters of ``store`` (``stats --reset``, ``clear --stats``): what to show, or
     ``None`` where there is no cache."""
-    from ..stats import reset_counters
+    from ..admin.stats import reset_counters
 
     if not os.path.isdir(store.base):
         return None
@@ -186,7 +186,7 @@ def _reset_stats(args: argparse.Namespace, store) -> int:
 def _current_entries(store, spec_key: str) -> tuple[list[str], dict[str, list[str]]]:
     """The entry keys of ``spec_key`` that a lookup would use now, and those whose tracked files
     changed since they were built (entry key -> why)."""
-    from ..manifestscan import stale_variants
+    from ..admin.manifestscan import stale_variants
 
     there = [k for k in store.variant_keys(spec_key) + [spec_key] if os.path.isdir(store.entry_dir(k))]
     stale = stale_variants(store, there)
@@ -196,14 +196,14 @@ def _current_entries(store, spec_key: str) -> tuple[list[str], dict[str, list[st
 def _resolve(ref: str, store) -> list[dict[str, Any]]:
     """A reference -> [{label, key, spec_key, entry_keys, in_cache, preimage}] (a spec file may
     hold several specs). ``key`` is the key the reference names (a spec file: its spec key)."""
-    from ..specref import SpecRefError, is_module_ref, load_specs
+    from ..admin.specref import SpecRefError, is_module_ref, load_specs
 
     if os.path.exists(ref) or is_module_ref(ref):
         try:
             specs = load_specs(ref)
         except SpecRefError as exc:
             raise UsageError(str(exc)) from None
-        from ..front import StubCache
+        from ..hit.front import StubCache
 
         cache = StubCache(store.root)
         items = []
@@ -219,8 +219,8 @@ def _resolve(ref: str, store) -> list[dict[str, Any]]:
     if not re.fullmatch(r"[0-9a-fA-F]{4,}", ref):
         raise UsageError(f"{ref!r} is neither a spec file, a MODULE:ATTR reference nor a key (a spec key or an "
                          "entry key, or a prefix of one: 4 to 64 hex digits)")
-    from ..keyref import SPEC_KEY
-    from ..scan import scan_entries
+    from ..admin.keyref import SPEC_KEY
+    from ..admin.scan import scan_entries
     from .common import match_key
 
     m = match_key(ref, scan_entries(store, probe_in_use=False), store.root)
@@ -245,7 +245,7 @@ def _keys_line(item: dict[str, Any]) -> str:
 
 
 def _explain_two(args: argparse.Namespace, a: dict[str, Any], b: dict[str, Any]) -> int:
-    from ..explain import differences, summarize
+    from ..admin.explain import differences, summarize
 
     full = args.verbose > 0
     diff = differences(a["preimage"], b["preimage"])
@@ -267,7 +267,7 @@ def _explain_two(args: argparse.Namespace, a: dict[str, Any], b: dict[str, Any])
 
 
 def _explain_text(res: dict[str, Any], full: bool) -> list[str]:
-    from ..explain import flatten, summarize
+    from ..admin.explain import flatten, summarize
 
     lines = [f"{res['label']}",
              f"spec key:  {res['spec_key']}  ({'in the cache' if res['in_cache'] else 'not in the cache'})"]
@@ -289,8 +289,8 @@ def _explain_text(res: dict[str, Any], full: bool) -> list[str]:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from ..explain import closest
-    from ..manifestscan import preimages_named
+    from ..admin.explain import closest
+    from ..admin.manifestscan import preimages_named
 
     store = _store(args)
     if len(args.refs) > 2:

@@ -1,6 +1,6 @@
 """Commands that check or change a root: ``prune``, ``clear``, ``verify``, ``doctor``, ``init``,
 ``config``. ``prune --dry-run`` never imports torch; removals are a printed plan, then its
-execution (stubcache.prune)."""
+execution (stubcache.admin.prune)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from .output import View, err, is_text, note, out, show, table
 
 
 def _plan_rows(plan, executed: bool) -> tuple[list[str], list[list[Any]]]:
-    from ..units import human_size
+    from ..edge.units import human_size
 
     headers = ["ACTION", "KIND", "NAME", "ENTRY KEY", "SIZE", "REASON"]
     if executed:
@@ -35,7 +35,7 @@ def _plan_rows(plan, executed: bool) -> tuple[list[str], list[list[Any]]]:
 
 def _plan_view(plan, args: argparse.Namespace, executed: bool, dry_run: bool) -> View:
     def text():
-        from ..units import human_size
+        from ..edge.units import human_size
 
         headers, rows = _plan_rows(plan, executed)
         if rows and not (args.quiet and not executed):
@@ -60,8 +60,8 @@ def _plan_view(plan, args: argparse.Namespace, executed: bool, dry_run: bool) ->
 
 
 def _run_plan(args: argparse.Namespace, policy) -> int:
-    from ..prune import current_fingerprint, plan_prune
-    from ..scan import scan_cache
+    from ..admin.prune import current_fingerprint, plan_prune
+    from ..admin.scan import scan_cache
 
     store = _store(args)
     if not os.path.isdir(store.base):
@@ -83,7 +83,7 @@ def _run_plan(args: argparse.Namespace, policy) -> int:
 def _confirm_and_execute(args: argparse.Namespace, store, plan) -> bool:
     """Show the plan (a dry run, or nothing to remove: that is all), ask unless ``--yes``, carry
     it out and show the outcome. Returns whether it was carried out."""
-    from ..prune import execute_plan
+    from ..admin.prune import execute_plan
 
     if args.dry_run or not plan.removals:
         show(args, _plan_view(plan, args, executed=False, dry_run=args.dry_run))
@@ -91,10 +91,10 @@ def _confirm_and_execute(args: argparse.Namespace, store, plan) -> bool:
     if not args.yes:
         if is_text(args):  # the plan to confirm; JSON prints only the outcome
             show(args, _plan_view(plan, args, executed=False, dry_run=False))
-        from ..units import human_size
+        from ..edge.units import human_size
 
         confirm(f"Remove {len(plan.removals)} item(s), {human_size(plan.bytes_to_free)}?", args)
-    from ..progress import Bar
+    from ..edge.progress import Bar
 
     with Bar("removing") as bar:
         execute_plan(store, plan, progress=bar)
@@ -106,7 +106,7 @@ def _compact_events(args: argparse.Namespace, store, policy) -> None:
     """Part of removing leftovers: one archive instead of an event file per finished process."""
     if not policy.leftovers or not os.path.isdir(store.path("events")):
         return
-    from ..stats import compact_events
+    from ..admin.stats import compact_events
 
     merged = compact_events(store.path("events"), store.lock_path("events-compact"), store.mode(0o600, 0o660))
     if merged:
@@ -118,8 +118,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
         from .remote import cmd_prune_remote
 
         return cmd_prune_remote(args)
-    from ..prune import PrunePolicy
-    from ..units import parse_duration, parse_size
+    from ..admin.prune import PrunePolicy
+    from ..edge.units import parse_duration, parse_size
 
     try:
         policy = PrunePolicy(
@@ -135,7 +135,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 
 def cmd_clear(args: argparse.Namespace) -> int:
-    from ..prune import PrunePolicy
+    from ..admin.prune import PrunePolicy
 
     rc = _run_plan(args, PrunePolicy(everything=True, leftovers=True))
     if rc == EXIT_OK and args.stats and not args.dry_run:
@@ -155,8 +155,8 @@ def cmd_rm(args: argparse.Namespace) -> int:
     import fnmatch
     import time
 
-    from ..prune import plan_removal
-    from ..scan import CacheScan, scan_entries
+    from ..admin.prune import plan_removal
+    from ..admin.scan import CacheScan, scan_entries
 
     if not args.keys and args.name is None:
         raise UsageError("rm needs one or more KEYs (spec keys or entry keys, or unique prefixes) or --name GLOB")
@@ -185,13 +185,13 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from ..verify import verify_store
+    from ..admin.verify import verify_store
 
     if args.rebuild:
         return _verify_rebuild(args)
     if args.keys or args.sample is not None:
         raise UsageError("KEY arguments and --sample go with --rebuild")
-    from ..progress import Bar
+    from ..edge.progress import Bar
 
     store = _store(args)
     with Bar("verifying") as bar:
@@ -215,15 +215,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _verify_rebuild(args: argparse.Namespace) -> int:
-    """``verify --rebuild``: rebuild entries privately and compare bytes (see stubcache.audit)."""
-    from ..audit import UNCOVERED, rebuild_entry, select_keys
+    """``verify --rebuild``: rebuild entries privately and compare bytes (see stubcache.admin.audit)."""
+    from ..admin.audit import UNCOVERED, rebuild_entry, select_keys
 
     if args.sample is not None and args.sample < 1:
         raise UsageError("--sample must be at least 1")
     store = _store(args)
     wanted: list[str] = []
     if args.keys:  # spec keys or entry keys, or unique prefixes: the entries they name
-        from ..scan import scan_entries
+        from ..admin.scan import scan_entries
 
         entries = scan_entries(store, probe_in_use=False)
         for ref in args.keys:
@@ -232,7 +232,7 @@ def _verify_rebuild(args: argparse.Namespace) -> int:
         keys = select_keys(store, wanted, args.sample)
     except KeyError as exc:  # an entry removed since the scan
         raise UsageError(f"no single entry for key {exc.args[0]}") from None
-    from ..progress import status
+    from ..edge.progress import status
 
     results = []
     for key in keys:  # one rebuild can take a minute (torch headers): a live line on a terminal
@@ -265,7 +265,7 @@ def _verify_rebuild(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from ..doctor import fix_permissions, run_checks
+    from ..admin.doctor import fix_permissions, run_checks
 
     if args.remote_url is not None:  # the remote checks read the environment
         os.environ["STUBCACHE_REMOTE"] = args.remote_url
@@ -294,7 +294,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from ..shared import init_root
+    from ..admin.shared import init_root
 
     root = os.path.abspath(args.dir) if args.dir else _root(args)
     if args.shared and not args.group:
@@ -311,10 +311,10 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from ..errors import TrustError
-    from ..sizecap import (DEFAULT_TOOLCHAIN_MAX_AGE, ENV_MAX_SIZE, NO_CAP, SETTINGS, effective_cap, env_cap,
-                           root_cap, root_settings, set_setting)
-    from ..units import human_age, human_size
+    from ..edge.errors import TrustError
+    from ..admin.sizecap import (DEFAULT_TOOLCHAIN_MAX_AGE, ENV_MAX_SIZE, NO_CAP, SETTINGS, effective_cap,
+                                 env_cap, root_cap, root_settings, set_setting)
+    from ..edge.units import human_age, human_size
 
     root = _root(args)
     if args.action in ("set", "unset"):

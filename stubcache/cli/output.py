@@ -75,7 +75,7 @@ def _write_csv(fields: Sequence[str], rows: Iterable[dict[str, Any]], escape: bo
     import csv
     import io
 
-    from ..fsroot import printable
+    from ..edge.fsroot import printable
 
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=list(fields), extrasaction="ignore", lineterminator="\n")
@@ -104,7 +104,7 @@ def out(text: str = "") -> None:
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[int] = ()) -> str:
     """A plain text table; columns in ``right`` are right-aligned. Cells are escaped (no terminal
     control sequences)."""
-    from ..fsroot import printable
+    from ..edge.fsroot import printable
 
     cells = [[str(c) for c in headers]] + [[printable(c, 4000) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..entryfilter import SORTS
+from ..admin.entryfilter import SORTS
 
 
 def _globals(parser: argparse.ArgumentParser, sub: bool) -> None:

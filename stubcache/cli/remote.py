@@ -30,8 +30,8 @@ def _unavailable(config, exc: RemoteUnavailable) -> Failed:
 
 
 def cmd_ls_remote(args: argparse.Namespace) -> int:
-    from ..remote.admin import list_entries
-    from ..units import human_age, human_size
+    from ..admin.remote import list_entries
+    from ..edge.units import human_age, human_size
 
     if args.filter:
         raise UsageError("--filter applies to local entries; with --remote use --name and --sort")
@@ -70,8 +70,8 @@ def cmd_ls_remote(args: argparse.Namespace) -> int:
 
 
 def cmd_prune_remote(args: argparse.Namespace) -> int:
-    from ..remote.admin import execute_prune, list_entries, plan_prune
-    from ..units import human_size, parse_duration
+    from ..admin.remote import execute_prune, list_entries, plan_prune
+    from ..edge.units import human_size, parse_duration
 
     if not args.remote:
         raise UsageError("--max-age applies to the remote store: add --remote")

@@ -5,7 +5,7 @@ per key builds (holding a fleet-wide lease) and uploads. Redis is the first back
 (:mod:`stubcache.remote.redis_backend`); :class:`stubcache.remote.backend.RemoteBackend` is the
 interface another backend implements (see docs/remote.md).
 
-Nothing here is imported by ``import stubcache`` or on a local hit: :mod:`stubcache.cache`
+Nothing here is imported by ``import stubcache`` or on a local hit: :mod:`stubcache.cache.core`
 imports :mod:`.config` only when ``STUBCACHE_REMOTE`` is set, and :mod:`.tier` (and the Redis
 client) only on a local miss.
 """

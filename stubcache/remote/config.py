@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Mapping
 
-from ..errors import StubCacheError
+from ..edge.errors import StubCacheError
 
 ENV_URL = "STUBCACHE_REMOTE"
 ENV_MODE = "STUBCACHE_REMOTE_MODE"

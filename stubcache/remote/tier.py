@@ -15,9 +15,9 @@ import threading
 import time
 from typing import Any, Callable
 
-from .. import _log
-from ..events import Event
-from ..manifest import MANIFEST_NAME, Manifest
+from ..edge import log
+from ..storage.events import Event
+from ..storage.manifest import MANIFEST_NAME, Manifest
 from .backend import RemoteBackend, RemoteUnavailable
 from .blob import MAX_BLOB, BlobError, encode, open_blob
 from .config import BACKENDS, RemoteConfig
@@ -82,7 +82,7 @@ class Claim:
         while not self._stop.wait(period):
             try:
                 if not self._tier.backend.renew_lease(self.key, self._value, self._tier.config.lease):
-                    _log.info("stubcache: lost the fleet build lease of %s (expired); building on", self.key)
+                    log.info("stubcache: lost the fleet build lease of %s (expired); building on", self.key)
                     return
             except RemoteUnavailable as exc:
                 self._tier.down(exc, self.key, pause=False)
@@ -107,7 +107,7 @@ class RemoteTier:
     Args:
         config: validated settings.
         event: ``event(ev, key, seconds=None, **extra)``, records a stats event (``ev``: an
-            :class:`~stubcache.events.Event` name).
+            :class:`~stubcache.storage.events.Event` name).
     """
 
     def __init__(self, config: RemoteConfig, event: EventFn, backend: RemoteBackend | None = None) -> None:
@@ -135,7 +135,7 @@ class RemoteTier:
         self._event(Event.REMOTE_ERROR, key, error=str(exc)[:200])
         if not _warned_down:
             _warned_down = True
-            _log.warning("stubcache: remote cache %s unusable (%s); continuing with the local cache only",
+            log.warning("stubcache: remote cache %s unusable (%s); continuing with the local cache only",
                          self.config.display_url, exc)
 
     def _rejected(self, key: str, reason: str) -> None:
@@ -143,7 +143,7 @@ class RemoteTier:
         self._event(Event.REMOTE_REJECTED, key, reason=reason[:200])
         if not _warned_rejected:
             _warned_rejected = True
-            _log.warning("stubcache: refused remote blob %s from %s: %s; building locally instead",
+            log.warning("stubcache: refused remote blob %s from %s: %s; building locally instead",
                          key, self.config.display_url, reason)
 
     # --- fetch -------------------------------------------------------------------------------
@@ -183,7 +183,7 @@ class RemoteTier:
         if len(library) != manifest.size or hashlib.sha256(library).hexdigest() != manifest.sha256:
             raise BlobError("library does not match the manifest's size and sha256")
         if manifest.headers or manifest.inputs:
-            from ..inputs import still_valid
+            from ..key.inputs import still_valid
 
             try:
                 same = still_valid(manifest.headers, manifest.inputs)
@@ -260,11 +260,11 @@ class RemoteTier:
             now = time.monotonic()
             if notice_at is not None and now >= notice_at:
                 notice_at = None
-                _log.warning("stubcache: waiting for %s to build %r (key %s) for the fleet",
+                log.warning("stubcache: waiting for %s to build %r (key %s) for the fleet",
                              _describe(lease), name, key)
             if now >= deadline:
                 self._event(Event.LEASE_WAIT, key, now - t0, name=name, outcome="timeout")
-                _log.warning("stubcache: gave up after %.0fs waiting for %s to build %r for the fleet; "
+                log.warning("stubcache: gave up after %.0fs waiting for %s to build %r for the fleet; "
                              "building on this host", now - t0, _describe(lease), name)
                 return None
             waited = True
@@ -283,7 +283,7 @@ class RemoteTier:
         with open(library_path, "rb") as fh:
             library = fh.read()
         if len(library) != manifest.size or hashlib.sha256(library).hexdigest() != manifest.sha256:
-            _log.warning("stubcache: not uploading %s: the local library does not match its manifest", manifest.key)
+            log.warning("stubcache: not uploading %s: the local library does not match its manifest", manifest.key)
             return
         key = manifest.base_key  # what another host can compute before building
         value = encode(key, manifest.dumps().encode("utf-8"), library, self.config.secret)
@@ -295,12 +295,12 @@ class RemoteTier:
         if stored:
             self._event(Event.UPLOAD, key, bytes=len(value))
         else:  # a blob this host refused is in the way: it stays until evicted or removed
-            _log.info("stubcache: not uploading %s: the remote store already holds a blob for it", key)
+            log.info("stubcache: not uploading %s: the remote store already holds a blob for it", key)
 
 
 def _entry_key_of(manifest: Manifest) -> str | None:
-    from ..inputs import absent_paths
-    from ..key import entry_key
+    from ..key.inputs import absent_paths
+    from ..key.derive import entry_key
 
     try:
         return entry_key(manifest.base_key, manifest.headers, absent_paths(manifest.inputs))
@@ -312,7 +312,7 @@ def _describe(lease: str | None) -> str:
     if not lease:
         return "another host"
     try:
-        from ..fsroot import printable
+        from ..edge.fsroot import printable
 
         info = json.loads(lease)
         return f"pid {printable(info.get('pid'), 32)} on {printable(info.get('host'), 64)}"

@@ -1,0 +1,1 @@
+"""One build in private staging, the inputs it read, and the check that the library loads."""

@@ -1,0 +1,313 @@
+"""Builds one spec in its own private staging directory.
+
+Two paths, recorded in the key and the manifest:
+
+* ``load_inline``: torch's own ``load_inline`` with ``build_directory`` = the private staging
+  directory (so no two builds ever share ``main.cpp``) and ``is_python_module=False`` (torch
+  builds the same binary either way; we import the published copy ourselves).
+* ``direct``: for a plain C/C++ library that needs neither torch headers nor a Python module
+  nor CUDA, one compiler invocation with the flags torch would use. It does not import torch.
+
+Both link with ``-Wl,--as-needed`` so a stub that does not use torch does not need libtorch.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+from ..edge import log, progress
+from . import buildinputs, loadcheck
+from ..edge.errors import BuildError
+from ..key.fingerprint import torch_dir
+from ..key.spec import FIELDS, PASS, StubSpec
+
+
+AS_NEEDED = "-Wl,--as-needed"
+_torch_lock = threading.Lock()
+_warned_no_implicit = False
+
+
+class BuildResult:
+    """What a build produced, before publish."""
+
+    __slots__ = ("library", "module_name", "headers", "method", "seconds", "log", "inputs", "unstable")
+
+    def __init__(self, library: str, module_name: str, headers: dict, method: str, seconds: float, log: str,
+                 inputs: dict | None = None, unstable: list | None = None):
+        self.library = library
+        self.module_name = module_name
+        self.headers = headers  # every tracked input file (headers and linker inputs): {path: sha256}
+        self.method = method
+        self.seconds = seconds
+        self.log = log
+        self.inputs = inputs  # the manifest's ``inputs`` record (signatures, shadow candidates)
+        self.unstable = unstable or []  # tracked files written while the build ran
+
+
+def build(spec: StubSpec, build_dir: str, compiler: dict | None = None) -> BuildResult:
+    """Build ``spec`` inside ``build_dir`` (which must be private to this build). ``compiler``:
+    the fingerprint's record of the real compiler (a cache passes its own; probed if omitted)."""
+    if compiler is None:
+        compiler = buildinputs.compiler_facts()
+    t0 = time.perf_counter()
+    started_ns = time.time_ns()
+    probe = None
+    try:
+        if spec.build_method == "direct":
+            probe = buildinputs.start_search_probe(spec, build_dir)  # runs beside the compile
+            library, out, deps = _build_direct(spec, build_dir, compiler)
+        elif spec.separate_units and len(spec.cpp_sources) + len(spec.cuda_sources) > 1:
+            library, out, deps = _build_units(spec, build_dir, compiler)
+        else:
+            library, out, deps = _build_load_inline(spec, build_dir, compiler)
+    except BaseException:
+        if probe is not None:
+            probe.kill()
+            probe.communicate()  # reaps it and closes its pipe (a leaked pipe per failed build)
+        raise
+    tracked = buildinputs.tracked_inputs(spec, build_dir, deps, started_ns, probe, compiler)
+    loadcheck.check_loads(library, spec.name)  # links but cannot load: a failed build, not an entry
+    module_name = os.path.basename(library).split(".", 1)[0]
+    return BuildResult(library, module_name, tracked.files, spec.build_method, time.perf_counter() - t0, out,
+                       tracked.record, tracked.unstable)
+
+
+# --- the direct path ------------------------------------------------------------------------
+
+
+def direct_command(spec: StubSpec, source: str, output: str, depfile: str,
+                   build_dir: str | None = None, compiler: dict | None = None) -> list[str]:
+    """The single compiler invocation equivalent to torch's compile + link steps (pure, given
+    ``compiler``, the fingerprint's record of the real compiler; probed if omitted).
+    With ``build_dir``, that directory is mapped to ``.`` in everything the library records."""
+    if compiler is None:
+        compiler = buildinputs.compiler_facts()
+    import sysconfig
+
+    prefix_map = buildinputs.prefix_map_flags(build_dir) if build_dir else []
+    cmd = [*buildinputs.compiler_command(), *prefix_map, "-MD", "-MF", depfile, *buildinputs.assembler_dep_flags(compiler),
+           f"-DTORCH_EXTENSION_NAME={spec.name}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
+    cmd += [f"-I{p}" for p in spec.extra_include_paths]
+    system = []
+    tdir = torch_dir()
+    if tdir:
+        system += [os.path.join(tdir, "include"), os.path.join(tdir, "include", "torch", "csrc", "api", "include")]
+    system.append(sysconfig.get_path("include", scheme="posix_prefix"))
+    for d in system:
+        # gcc fails on an include dir it cannot search; a stub that mentions no torch/Python
+        # header does not need these, so leave out what this user cannot read.
+        if d and os.access(d, os.R_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids):
+            cmd += ["-isystem", d]
+    cmd += ["-fPIC", "-std=c++20", *spec.extra_cflags, source, "-shared", AS_NEEDED,
+            *spec.extra_ldflags, "-o", output]
+    return cmd + buildinputs.extra_link_flags(compiler)
+
+
+def _build_direct(spec: StubSpec, build_dir: str, compiler: dict) -> tuple[str, str, list[str]]:
+    source = os.path.join(build_dir, "main.cpp")
+    with open(source, "w", encoding="utf-8", errors="surrogateescape") as fh:
+        fh.write("\n".join(spec.cpp_sources))  # surrogates: the undecodable bytes of a load()ed file
+    output = os.path.join(build_dir, f"{spec.name}.so")
+    # Relative names (the compiler runs in build_dir) and the prefix map keep the random staging
+    # path out of the library, so two builds of one key give identical bytes.
+    cmd = direct_command(spec, "main.cpp", f"{spec.name}.so", buildinputs.DEPFILE, build_dir, compiler)
+    env = dict(os.environ, TMPDIR=build_dir)  # the compiler's temporary object: not under /tmp
+    import shlex
+
+    verbose = progress.verbose()
+    head = "$ " + shlex.join(cmd) + "\n"
+    if verbose:  # as torch's verbose build: the command and the compiler's output, live, on fd 1
+        progress.echo(head)
+    try:
+        # An argument list, never a shell: no flag is ever interpreted by one.
+        proc = subprocess.run(cmd, cwd=build_dir, stdout=1 if verbose else subprocess.PIPE,
+                              stderr=subprocess.STDOUT, check=False, env=env)
+    except OSError as exc:
+        raise BuildError(f"Error building extension '{spec.name}': cannot run the compiler {cmd[0]!r}: "
+                         f"{exc}; set CXX or install a C++ compiler", name=spec.name) from None
+    out = (proc.stdout or b"").decode("utf-8", "replace")
+    text = head + out
+    if proc.returncode != 0 or not os.path.isfile(output):
+        raise BuildError(f"Error building extension '{spec.name}'", output=text, name=spec.name)
+    deps = buildinputs.read_deps(build_dir)
+    if "-Wl,--trace" in cmd:
+        deps += buildinputs.trace_deps(out)
+    return output, text, deps
+
+
+# --- the load_inline path -------------------------------------------------------------------
+
+
+def ninja_safe_flags(flags, field: str) -> list[str]:
+    """Flags as torch must write them into ``build.ninja``, whose commands run through
+    ``/bin/sh``: each flag one shell word (quoted when it holds anything but plain characters,
+    so the shell hands the compiler exactly the flag), ``$`` escaped for ninja. torch itself
+    writes ``extra_cflags``/``extra_ldflags`` unquoted (``"; cmd"`` would run ``cmd``)."""
+    import shlex
+
+    out = []
+    for flag in flags:
+        if "\n" in flag or "\r" in flag:
+            raise ValueError(f"{field} contains a line break ({flag!r}); no build file can hold it")
+        out.append(shlex.quote(flag).replace("$", "$$"))
+    return out
+
+
+def _inline_sources(sources, build_dir: str, stem: str) -> list[str]:
+    """torch writes sources as strict UTF-8 text; a source holding undecodable bytes (surrogate
+    escapes from ``load()`` of a non-UTF-8 file) is written byte for byte beside it and included."""
+    out = []
+    for i, src in enumerate(sources):
+        try:
+            src.encode("utf-8")
+        except UnicodeEncodeError:
+            fname = f"{stem}{i}.inc"
+            with open(os.path.join(build_dir, fname), "wb") as fh:
+                fh.write(src.encode("utf-8", "surrogateescape"))
+            src = f'#include "{fname}"'
+        out.append(src)
+    return out
+
+
+def load_inline_kwargs(spec: StubSpec, build_dir: str, verbose: bool = False, compiler: dict | None = None) -> dict:
+    """The arguments torch's ``load_inline`` gets for ``spec``, all but ``no_implicit_headers``
+    (which depends on the installed torch): each field that ``spec.FIELDS`` marks ``PASS`` as its
+    JSON value, the ``REWRITE`` ones as set here. Writes a source holding undecodable bytes
+    into ``build_dir`` (see :func:`_inline_sources`). ``compiler``: the fingerprint's record of
+    the real compiler (probed if omitted)."""
+    if compiler is None:
+        compiler = buildinputs.compiler_facts()
+    data = spec.to_dict()
+    kwargs = {f.name: data[f.name] for f in FIELDS if f.torch == PASS}
+    includes = [f"-I{p}" for p in spec.extra_include_paths]
+    kwargs.update(
+        cpp_sources=_inline_sources(spec.cpp_sources, build_dir, "cpp_source"),
+        cuda_sources=_inline_sources(spec.cuda_sources, build_dir, "cuda_source") or None,
+        # Every flag shell-quoted for build.ninja (see ninja_safe_flags). Include paths go in as
+        # -I flags: torch shell-quotes extra_include_paths but does not escape `$` (or refuse line
+        # breaks) for ninja. -I dirs are searched before torch's -isystem ones wherever they
+        # appear, as torch's own -I would be.
+        extra_cflags=ninja_safe_flags([*buildinputs.prefix_map_flags(build_dir), *buildinputs.compile_dep_flags(compiler),
+                                       *includes, *spec.extra_cflags], "extra_cflags"),
+        extra_cuda_cflags=ninja_safe_flags([*includes, *spec.extra_cuda_cflags], "extra_cuda_cflags"),
+        extra_ldflags=[AS_NEEDED, *ninja_safe_flags([*spec.extra_ldflags, *buildinputs.extra_link_flags(compiler)],
+                                                    "extra_ldflags")],
+        extra_include_paths=[],
+        build_directory=build_dir,
+        verbose=verbose,
+        is_python_module=False,  # torch builds the same binary either way; the drop-in imports it
+    )
+    return kwargs
+
+
+def load_kwargs(spec: StubSpec, build_dir: str, verbose: bool = False, compiler: dict | None = None) -> dict:
+    """The arguments torch's ``load`` gets for a spec of separate translation units: each source
+    written to its own file in ``build_dir`` (``src<i>.cpp``/``.cu``, bytes as given), flags as
+    for :func:`load_inline_kwargs`. torch's ``build.ninja`` then has one compile per file, with
+    the same flags, and one link, as for the caller's own files.
+
+    The full dependency list (``-Wp,-MD``) is left out here: one file name for every compile
+    would be overwritten by each; torch's ``-MMD`` lists, read back through ``ninja -t deps``,
+    track the files each object read outside the system directories."""
+    kwargs = load_inline_kwargs(spec, build_dir, verbose, compiler)
+    full_deps = set(ninja_safe_flags(buildinputs.compile_dep_flags(compiler or buildinputs.compiler_facts()), ""))
+    sources = []
+    for ext, texts in ((".cpp", spec.cpp_sources), (".cu", spec.cuda_sources)):
+        for text in texts:
+            path = os.path.join(build_dir, f"src{len(sources)}{ext}")
+            with open(path, "wb") as fh:
+                fh.write(text.encode("utf-8", "surrogateescape"))
+            sources.append(path)
+    return dict(
+        name=spec.name, sources=sources,
+        extra_cflags=[f for f in kwargs["extra_cflags"] if f not in full_deps],
+        extra_cuda_cflags=kwargs["extra_cuda_cflags"], extra_ldflags=kwargs["extra_ldflags"],
+        extra_include_paths=[], build_directory=build_dir, verbose=verbose, with_cuda=spec.with_cuda,
+        is_python_module=False,
+    )
+
+
+def _build_units(spec: StubSpec, build_dir: str, compiler: dict) -> tuple[str, str, list[str]]:
+    return _run_torch("load", spec, build_dir, load_kwargs(spec, build_dir, progress.verbose(), compiler))
+
+
+def _build_load_inline(spec: StubSpec, build_dir: str, compiler: dict) -> tuple[str, str, list[str]]:
+    global _warned_no_implicit
+    import inspect
+
+    from ..dropin.patch import torch_original
+
+    try:
+        load_inline = torch_original("load_inline")  # never the module attribute: it may be patched
+    except ImportError as exc:
+        raise BuildError(f"Error building extension '{spec.name}': it needs torch ({exc})", name=spec.name) from None
+    kwargs = load_inline_kwargs(spec, build_dir, progress.verbose(), compiler)
+    if spec.skips_implicit_headers:
+        if "no_implicit_headers" in inspect.signature(load_inline).parameters:
+            kwargs["no_implicit_headers"] = True
+        elif not _warned_no_implicit:
+            _warned_no_implicit = True
+            log.warning("this torch has no load_inline(no_implicit_headers=); "
+                         "stubs are built with torch's implicit headers (slow). Upgrade to torch>=2.8.")
+    return _run_torch("load_inline", spec, build_dir, kwargs)
+
+
+def _run_torch(which: str, spec: StubSpec, build_dir: str, kwargs: dict) -> tuple[str, str, list[str]]:
+    """Run torch's own ``load_inline`` or ``load`` with ``kwargs``; torch's failure as a BuildError."""
+    import glob
+
+    from ..dropin.patch import torch_original
+
+    try:
+        torch_fn = torch_original(which)  # never the module attribute: it may be patched
+    except ImportError as exc:
+        raise BuildError(f"Error building extension '{spec.name}': it needs torch ({exc})", name=spec.name) from None
+    prefix = f"Error building extension '{spec.name}'"
+    with _torch_lock:
+        live = sys.modules.get("torch.utils.cpp_extension")
+        if live is not None and torch_fn.__globals__ is not vars(live):
+            # torch's function from a private copy of its module (patch._fresh_module): the
+            # caller's in-place edits of COMMON_NVCC_FLAGS are on the real module's list
+            torch_fn.__globals__["COMMON_NVCC_FLAGS"] = list(getattr(live, "COMMON_NVCC_FLAGS", []))
+        # torch renames a second build of one name in a process to <name>_v1 (its in-memory
+        # versioner); the drop-ins version names themselves, so keep torch's stable here.
+        versioner = torch_fn.__globals__.get("JIT_EXTENSION_VERSIONER")
+        entries = getattr(versioner, "entries", None)
+        if isinstance(entries, dict):
+            entries.pop(spec.name, None)
+        try:
+            torch_fn(**kwargs)
+        except OSError:
+            raise  # torch's own for a missing CUDA_HOME (or ninja, or a compiler it cannot run)
+        except Exception as exc:  # torch raises RuntimeError with ninja's output, or others
+            text = str(exc)
+            if text.startswith(prefix):
+                text = text[len(prefix):].lstrip(":").lstrip(" ")
+                raise BuildError(prefix, output=text, name=spec.name) from None
+            raise BuildError(f"{prefix}: {text}", name=spec.name) from None
+    libs = [p for p in glob.glob(os.path.join(build_dir, "*.so"))]
+    if len(libs) != 1:
+        raise BuildError(f"{prefix}: torch built {len(libs)} libraries, expected 1", name=spec.name)
+    deps = _ninja_deps(build_dir) + buildinputs.read_deps(build_dir)
+    try:
+        with open(os.path.join(build_dir, "build.ninja"), encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError:
+        text = ""
+    return libs[0], text, deps
+
+
+def _ninja_deps(build_dir: str) -> list[str]:
+    import shutil
+
+    ninja = shutil.which("ninja")
+    if not ninja:
+        return []
+    proc = subprocess.run([ninja, "-C", build_dir, "-t", "deps"], stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, check=False)
+    return [ln.strip() for ln in proc.stdout.decode("utf-8", "surrogateescape").splitlines()
+            if ln.startswith((" ", "\t")) and ln.strip()]

@@ -1,0 +1,216 @@
+"""Build-time side of input tracking: the flags that make compiler and linker report what they
+read, and turning those reports into a :class:`~stubcache.key.inputs.Tracked` record.
+
+Kept out of ``builder.py`` so that the two build paths only add a few flags and one call.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+
+from ..key import inputs
+from ..key.flagscan import scan
+from ..key.fingerprint import torch_dir
+from ..key.spec import StubSpec
+
+DEPFILE = inputs.DEPFILE
+LINK_DEPFILE = inputs.LINK_DEPFILE
+AS_DEPFILE = inputs.AS_DEPFILE
+
+
+def compiler_command() -> list[str]:
+    """``CXX`` as words (``CXX="ccache g++"`` is a wrapper and a compiler), default ``c++``."""
+    words = shlex.split(os.environ.get("CXX", "c++") or "c++")
+    return words or ["c++"]
+
+
+def prefix_map_flags(build_dir: str) -> list[str]:
+    """Map the random staging directory to ``.`` in file names, debug info and macros."""
+    real = os.path.realpath(build_dir)
+    return [f"-ffile-prefix-map={d}=." for d in dict.fromkeys((real, build_dir))]
+
+
+def compile_dep_flags(compiler: dict) -> list[str]:
+    """A full dependency list next to torch's ``-MMD`` one (``-MMD`` omits system headers).
+
+    ``-Wp,-MD`` takes over cc1's dependency output, so ninja's own depfile is not written; the
+    build directory is thrown away after one build, so ninja never needs it. ``compiler``: the
+    fingerprint's record of the real compiler (:func:`compiler_facts`).
+    """
+    return [f"-Wp,-MD,{DEPFILE}", *assembler_dep_flags(compiler)]
+
+
+def assembler_dep_flags(compiler: dict) -> list[str]:
+    """GNU as's own dependency list (``--MD``): files read by ``.incbin``/``.include`` in inline
+    assembly, which the preprocessor never sees. Only gcc with GNU as takes it (clang's
+    integrated assembler rejects the flag)."""
+    facts = compiler
+    cc1 = (facts.get("cc1") or {}).get("path") or ""
+    gas = (facts.get("as") or {}).get("version") or ""
+    if os.path.basename(cc1) == "cc1plus" and "GNU assembler" in gas:
+        return [f"-Wa,--MD,{AS_DEPFILE}"]
+    return []
+
+
+def compiler_facts() -> dict:
+    """The fingerprint's record of the real compiler behind ``CXX``, probed now (no memo: a
+    cache hands its builds its own, memoised, :meth:`~stubcache.key.fingerprint.Fingerprint.compiler_facts`)."""
+    from ..key.fingerprint import Fingerprint
+
+    return Fingerprint(None).compiler_facts()
+
+
+def linker_writes_depfile(compiler: dict) -> bool:
+    """Whether the linker the compiler driver runs accepts ``--dependency-file`` (binutils
+    ≥ 2.35, lld); part of the compiler probe."""
+    return bool(compiler.get("ld_depfile"))
+
+
+def extra_link_flags(compiler: dict) -> list[str]:
+    """Linker flags that make it list its inputs: ``--dependency-file``, else ``--trace``."""
+    if linker_writes_depfile(compiler):
+        return [f"-Wl,--dependency-file={LINK_DEPFILE}"]
+    return ["-Wl,--trace"]
+
+
+def trace_deps(output: str) -> list[str]:
+    """Files named by ``ld --trace`` in a build's output (lines that are existing paths)."""
+    out = []
+    for line in output.splitlines():
+        line = line.strip()
+        if line.startswith("(") and line.endswith(")"):  # archive members: "(lib.a)member.o"
+            line = line[1:line.index(")")]
+        if line.startswith("/") and os.path.isfile(line):
+            out.append(line)
+    return out
+
+
+def read_deps(build_dir: str) -> list[str]:
+    """Files named in this build's compiler and linker dependency outputs."""
+    return (inputs.parse_depfile(os.path.join(build_dir, DEPFILE))
+            + inputs.parse_depfile(os.path.join(build_dir, LINK_DEPFILE))
+            + inputs.parse_depfile(os.path.join(build_dir, AS_DEPFILE)))
+
+
+def _ninja_unescape(text: str) -> str:
+    return text.replace("$ ", " ").replace("$:", ":").replace("$$", "$")
+
+
+def _compile_flags(spec: StubSpec, build_dir: str) -> list[str]:
+    """The flags the compile step used, read back from torch's ``build.ninja`` when there is one."""
+    flags: list[str] = []
+    try:
+        with open(os.path.join(build_dir, "build.ninja"), encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith(("cflags =", "post_cflags =")):
+                    flags += shlex.split(_ninja_unescape(line.split("=", 1)[1].strip()))
+    except OSError:
+        import sysconfig
+
+        flags = [f"-I{p}" for p in spec.extra_include_paths]
+        tdir = torch_dir()
+        if tdir:
+            flags += ["-isystem", os.path.join(tdir, "include"),
+                      "-isystem", os.path.join(tdir, "include", "torch", "csrc", "api", "include")]
+        flags += ["-isystem", sysconfig.get_path("include", scheme="posix_prefix"), "-std=c++20",
+                  *spec.extra_cflags]
+        # The direct path compiles and links in one command: ldflags' -I dirs search too.
+        flags += scan(spec.extra_ldflags).search
+    return [f for f in flags if not f.startswith(("-Wp,-M", "-M"))]
+
+
+def start_search_probe(spec: StubSpec, build_dir: str) -> subprocess.Popen | None:
+    """Start asking the compiler for its include search order (``-E -v``), to run beside the
+    compile; :func:`tracked_inputs` collects it."""
+    try:
+        return inputs.start_search_path([*compiler_command(), *_compile_flags(spec, build_dir)], build_dir)
+    except OSError:
+        return None
+
+
+def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: int,
+                   probe: subprocess.Popen | None = None, compiler: dict | None = None) -> inputs.Tracked:
+    """Hash what the build read (see :mod:`stubcache.key.inputs`)."""
+    if not deps and not inputs.files_named_by_flags(spec.extra_cflags + spec.extra_ldflags):
+        if probe is not None:
+            probe.kill()
+            probe.communicate()  # reaps it and closes its pipe (a leaked pipe per failed build)
+        return inputs.Tracked({}, {}, [])
+    import sysconfig
+
+    cmd = compiler_command()
+    try:
+        if probe is None:
+            probe = inputs.start_search_path([*cmd, *_compile_flags(spec, build_dir)], build_dir)
+        search = inputs.finish_search_path(probe)
+    except (OSError, subprocess.SubprocessError):
+        search = None
+    facts = compiler if compiler is not None else compiler_facts()
+    ran = compiler_that_ran(search, facts, bool(spec.tool_flags))
+    pinned = inputs.pinned_prefixes([*(facts.get("own_dirs") or []), *(facts.get("stdlib_dirs") or [])],
+                                    torch_dir(), sysconfig.get_path("include", scheme="posix_prefix"))
+    if spec.effective_with_cuda:
+        home = _cuda_home()
+        if home:  # the CUDA toolkit is pinned by the nvcc identity in the fingerprint
+            pinned += inputs.pinned_prefixes([home], None, None)
+    probes = inputs.has_include_names(spec.cpp_sources + spec.cuda_sources)
+    named = inputs.files_named_by_flags(spec.extra_cflags + spec.extra_cuda_cflags + spec.extra_ldflags)
+    named += _found_in_b_dirs(scan(spec.extra_cflags, spec.extra_ldflags))
+    tracked = inputs.track([*deps, *named], build_dir, pinned, search, started_ns, probes)
+    # The link step's -L/-l (through -Wl, too): on the direct path that is the one command.
+    link = (scan(spec.extra_cflags, spec.extra_ldflags) if spec.build_method == "direct"
+            else scan(spec.extra_ldflags))
+    libs = inputs.library_candidates([os.path.join(build_dir, d) for d in deps], link.lib_dirs, link.lib_names,
+                                     os.environ.get("LIBRARY_PATH"))
+    if libs:
+        tracked.record["shadows"] = inputs.file_candidates(libs, pinned, tracked.record.get("shadows") or {},
+                                                          started_ns, tracked.unstable)
+    if ran:
+        tracked.unstable.append(ran)
+    return tracked
+
+
+def _found_in_b_dirs(found) -> list[str]:
+    """Files named relatively by flags (``-specs=my.specs``) that gcc looks up in the ``-B``
+    directories, where they exist now."""
+    bdirs, tools = [], list(found.tool_flags)
+    for i, f in enumerate(tools):
+        if f == "-B" and i + 1 < len(tools):
+            bdirs.append(tools[i + 1])
+        elif f.startswith("-B") and len(f) > 2:
+            bdirs.append(f[2:])
+    return [p for f in found.files if not os.path.isabs(f) for d in bdirs if os.path.isabs(d)
+            for p in [os.path.join(d, f)] if os.path.isfile(p)]
+
+
+def compiler_that_ran(search: inputs.SearchPath | None, facts: dict, own_tools: bool) -> str | None:
+    """A line saying which compiler answered the build's search probe (run through the same
+    ``CXX``, wrapper and environment as the build), if it is not the one the fingerprint names;
+    None when they agree or the probe did not say. A mismatch means the key was computed for
+    another compiler (a wrapper setting stubcache does not read): such a build is not published.
+    ``own_tools``: the spec's flags choose the compiler proper (``-B``), so only the version
+    line is compared."""
+    if search is None:
+        return None
+    want_cc1 = (facts.get("cc1") or {}).get("path")
+    want_version = facts.get("driver_version")
+    if search.driver_version and want_version and search.driver_version != want_version:
+        return f"the compiler that ran ({search.driver_version}), not the one the key names ({want_version})"
+    if not own_tools and search.cc1 and want_cc1 and search.cc1 != want_cc1:
+        return f"the compiler that ran ({search.cc1}), not the one the key names ({want_cc1})"
+    return None
+
+
+def _cuda_home() -> str | None:
+    """The CUDA toolkit torch would use: ``CUDA_HOME``/``CUDA_PATH``, else nvcc's parent."""
+    from ..key.fingerprint import which
+
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home:
+        return home
+    nvcc = which("nvcc")
+    if nvcc:
+        return os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
+    return "/usr/local/cuda" if os.path.isdir("/usr/local/cuda") else None

@@ -1,0 +1,97 @@
+"""A library that cannot load is a failed build.
+
+A shared library may reference a symbol nothing defines: it links (``-shared`` allows undefined
+symbols), and every ``dlopen`` then fails with ``undefined symbol: g``. :func:`check_loads`
+asks the dynamic loader itself, in a short-lived child, to bind every symbol of the library
+now: glibc's ``ld.so`` run on the library with ``LD_TRACE_LOADED_OBJECTS`` and ``LD_BIND_NOW``
+maps it and its dependencies and reports each unresolved symbol, without running any of its
+code. One small exec (no Python start-up), run after the build and before the publish.
+
+What the loading process itself provides is not an error: symbols of the Python interpreter
+(an extension module leaves them undefined) and of libraries already loaded here are looked up
+in this process. A dependency the loader cannot find (``libnccl.so.2`` that torch loads first,
+a directory set in ``LD_LIBRARY_PATH`` only later) makes the check inconclusive, and the build
+stands: whether it loads depends on the loading process, as for any program.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..edge.errors import BuildError
+
+_loader: list = []  # [path or None], found once per process
+
+
+def dynamic_loader() -> str | None:
+    """This process's glibc dynamic loader (``ld-linux-x86-64.so.2`` …), or None (musl, other OS)."""
+    if not _loader:
+        found = None
+        try:
+            with open("/proc/self/maps", encoding="utf-8", errors="surrogateescape") as fh:
+                for line in fh:
+                    path = line.rstrip("\n").split(None, 5)[-1] if line.count(" ") >= 5 else ""
+                    base = os.path.basename(path)
+                    if path.startswith("/") and base.startswith(("ld-linux", "ld64.so")) and os.path.isfile(path):
+                        found = path
+                        break
+        except OSError:
+            pass
+        _loader.append(found)
+    return _loader[0]
+
+
+def unresolved_symbols(library: str, extra_dirs: list[str] = ()) -> list[str] | None:
+    """The symbols of ``library`` that neither its dependencies nor this process define; None
+    when the loader cannot tell (no glibc loader here, a dependency it cannot find)."""
+    import subprocess
+
+    loader = dynamic_loader()
+    if loader is None:
+        return None
+    env = dict(os.environ, LD_TRACE_LOADED_OBJECTS="1", LD_WARN="yes", LD_BIND_NOW="1")
+    env.pop("LD_PRELOAD", None)
+    dirs = [d for d in extra_dirs if d] + [d for d in (os.environ.get("LD_LIBRARY_PATH") or "").split(":") if d]
+    if dirs:
+        env["LD_LIBRARY_PATH"] = ":".join(dirs)
+    try:
+        proc = subprocess.run([loader, os.path.abspath(library)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL, env=env, timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    text = proc.stdout.decode("utf-8", "replace")
+    if "=> not found" in text or proc.returncode != 0:
+        return None
+    own = f"({os.path.abspath(library)})"
+    missing = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("undefined symbol: ") and line.endswith(own):
+            missing.append(line[len("undefined symbol: "):-len(own)].strip())
+    if not missing:
+        return []
+    import ctypes
+
+    here = ctypes.CDLL(None)  # the interpreter and what is loaded globally: what a loader here has
+    out = []
+    for sym in missing:
+        try:
+            here[sym]
+        except AttributeError:
+            out.append(sym)
+    return out
+
+
+def check_loads(library: str, name: str) -> None:
+    """Raise :class:`BuildError` (with the loader's words) if ``library`` cannot load because
+    a symbol it references is defined nowhere; nothing is published for such a build."""
+    from ..key.fingerprint import torch_dir
+
+    tdir = torch_dir()
+    missing = unresolved_symbols(library, [os.path.join(tdir, "lib")] if tdir else [])
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise BuildError(f"Error building extension '{name}'",
+                         output=f"the library links but cannot load: undefined symbol: {shown} "
+                                f"({os.path.basename(library)}); define it in the sources, or link the "
+                                "library that does (extra_ldflags)", name=name)

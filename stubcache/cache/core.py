@@ -1,0 +1,907 @@
+"""The cache behind :class:`stubcache.StubCache`: look up, or build once per host under a per-key
+lock, publish, load (:class:`CacheCore`). ``StubCache`` itself (:mod:`stubcache.hit.front`) answers a
+warm ``load`` through the compact hit path and hands everything else to a ``CacheCore``."""
+
+from __future__ import annotations
+
+import ctypes  # every user loads a library; importing it here keeps ~1 ms off the first call
+import errno
+import os
+import time
+from _thread import LockType, allocate_lock  # threading's locks without importing threading (hit path)
+
+from ..storage import events
+from ..edge import fsroot
+from ..hit import hitpath
+from ..edge.lazy import lazy_module
+from ..key.fingerprint import Fingerprint
+from ..edge.errors import (BuildError, CacheMissError, IntegrityError, LockTimeoutError, StubCacheError,
+                           TrustError)
+from ..storage.events import Event
+from ..key.derive import base_key, entry_key, preimage
+from ..storage.manifest import MANIFEST_NAME, Manifest, __version__
+from ..storage.mapped import check_mapped
+from ..key.spec import StubSpec
+from ..key.inputs import CLOCK_SLACK_NS, absent_paths, still_valid
+from ..storage.store import LAYOUT, Store, default_root, file_sha256, inputs_memo_name, write_hit_record
+from ..storage.trust import TrustPolicy, UntrustedRoot, check_dir, loader_policy, private_policy
+
+TYPE_CHECKING = False  # typing is not imported on the hit path
+if TYPE_CHECKING:
+    from ..storage.locking import Lock
+
+_faults = lazy_module("stubcache.edge.faults")  # builds and publishes only: not imported on a hit
+_log = lazy_module("stubcache.edge.log")  # warnings only: not imported on a hit
+progress = lazy_module("stubcache.edge.progress")  # builds and waits only: not imported on a hit
+
+
+# errno values that mean "this root cannot take a build right now": degrade to a private build.
+_UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT, errno.EFBIG,
+               errno.ENOENT, errno.ENOTDIR)
+_warned_degraded: set[str] = set()  # roots this process has already warned about
+
+# Descriptors are per process, not per StubCache: many instances on one root share one pin per
+# entry and one open library per file, so creating instances does not leak descriptors.
+# They are hitpath's tables: a hit through a record (stubcache.hit.hitpath) and this path share them.
+_PROCESS_LOCK = hitpath.PROCESS_LOCK
+_PINS = hitpath.PINS
+_LIB_FDS = hitpath.LIB_FDS
+_REAL_PATHS = hitpath.REAL_PATHS  # entry path -> the real path it was first loaded by
+_VERIFIED = hitpath.VERIFIED
+_BASE_KEYS_MAX = 64  # specs whose base key a cache remembers (see StubCache._base_key)
+
+
+class Entry:
+    """A published (or privately built) stub: ``key``, ``path`` of the library, ``manifest``.
+
+    ``published`` is False for a private build (lock timeout, unwritable root); ``seed`` is True
+    for an entry served from a read-only ``STUBCACHE_SEED_DIRS`` store; ``fetched`` is True when
+    this process downloaded it from the fleet tier and published it here (no local compile).
+    """
+
+    __slots__ = ("key", "path", "manifest", "published", "seed", "root", "fetched")
+
+    def __init__(self, key: str, path: str, manifest: Manifest, published: bool = True, seed: bool = False,
+                 root: str | None = None) -> None:
+        self.key = key
+        self.path = path
+        self.manifest = manifest
+        self.published = published
+        self.seed = seed
+        self.root = root  # the store it came from (its trust policy applies); None: private build
+        self.fetched = False
+
+    def __repr__(self) -> str:
+        return f"Entry(key={self.key!r}, path={self.path!r})"
+
+
+class _Corrupt:
+    __slots__ = ("key", "reason")
+
+    def __init__(self, key: str, reason: str) -> None:
+        self.key = key
+        self.reason = reason
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def seed_roots() -> list[str]:
+    """The read-only stores named by ``STUBCACHE_SEED_DIRS`` (``os.pathsep``-separated)."""
+    raw = os.environ.get("STUBCACHE_SEED_DIRS", "")
+    return [os.path.abspath(p) for p in raw.split(os.pathsep) if p.strip()]
+
+
+def _remote_config():
+    """The remote-tier settings if ``STUBCACHE_REMOTE`` is set (checked now: a misconfiguration
+    is an error at start-up), else ``None``. Imports neither the client nor the network."""
+    if not os.environ.get("STUBCACHE_REMOTE"):
+        return None
+    from ..remote.config import config_from_env
+
+    return config_from_env()
+
+
+def _unchanged_inputs(headers: dict, inputs: dict | None, memo_path: str | None) -> tuple[list, list] | None:
+    """An entry's tracked inputs as a hit record checks them (see :class:`hitpath.HitRecord`):
+    each file with its signature now, where that signature is one :func:`inputs.still_valid`
+    accepts without reading the file (the manifest's, or one this root remembers as re-hashed
+    and unchanged); ``None`` if any file's is not."""
+    from ..key.inputs import _hashes, _read_sig_memo, signature
+
+    try:
+        sigs = (inputs or {}).get("sigs") or {}
+        memo = None
+        tracked = []
+        for path, digest in headers.items():
+            sig = signature(os.stat(path))
+            if sigs.get(path) != sig:
+                seen = _hashes.get(path)
+                if seen is None or seen != (sig, digest):
+                    if memo is None:
+                        memo = _read_sig_memo(memo_path)
+                    if memo.get(path) != sig:
+                        return None
+            tracked.append([path, sig])
+        shadows = [[d, dsig, list(names)] for d, (dsig, names) in ((inputs or {}).get("shadows") or {}).items()]
+    except (OSError, TypeError, ValueError, AttributeError):
+        return None
+    return tracked, shadows
+
+
+def _require_hit_error(spec: StubSpec, base: str, root: str) -> CacheMissError:
+    return CacheMissError(
+        f"STUBCACHE_REQUIRE_HIT is set and {spec!r} (key {base}) is in neither the cache at "
+        f"{root} nor a seed store{' nor the remote cache' if os.environ.get('STUBCACHE_REMOTE') else ''}; "
+        "warm it with `stubcache warm` or unset STUBCACHE_REQUIRE_HIT")
+
+
+def root_policy(root: str) -> TrustPolicy | None:
+    """The trust policy for loading from the cache root ``root`` as this user, after checking the
+    root, its ``v1/`` and ``v1/entries/`` directories by it; ``None`` if the root does not exist
+    (yet). Raises :class:`UntrustedRoot` if this user has not chosen to trust the root, or if it
+    is unsafe (a link, writable by others, a bad config): not an error for an engine, a root it
+    does not use."""
+    try:
+        os.lstat(root)
+    except OSError:
+        return None  # missing (created on first build) or unreachable (degrades)
+    try:
+        policy = loader_policy(root)
+        base = os.path.join(root, LAYOUT)
+        for path in (root, base, os.path.join(base, "entries")):
+            try:
+                check_dir(path, "cache directory", policy)
+            except FileNotFoundError:
+                pass
+    except UntrustedRoot:
+        raise
+    except TrustError as exc:
+        raise UntrustedRoot(str(exc), "fix it as the message says, or run `stubcache doctor --fix`") from None
+    return policy
+
+
+class CacheCore:
+    """A content-addressed cache of built stubs under one root directory (the whole of
+    :class:`stubcache.StubCache`, which makes one on first use).
+
+    Args:
+        root: cache root; default ``STUBCACHE_DIR`` or ``platformdirs.user_cache_dir("stubcache")``.
+        lock_timeout: seconds to wait for another process's build of the same key (default
+            ``STUBCACHE_LOCK_TIMEOUT`` or 600). After that this process builds privately and does
+            not publish.
+        seeds: read-only stores consulted before ``root`` (default ``STUBCACHE_SEED_DIRS``).
+
+    With ``STUBCACHE_REMOTE`` set, a local miss asks the fleet's remote store before building,
+    and a build is uploaded after it is published (docs/remote.md). Its settings are checked
+    here: :class:`stubcache.remote.RemoteConfigError` on a misconfiguration.
+    """
+
+    def __init__(self, root: str | os.PathLike | None = None, *, lock_timeout: float | None = None,
+                 seeds: list[str] | None = None) -> None:
+        from ..edge.settings import validate
+
+        validate()  # every STUBCACHE_* setting: a bad one raises SettingsError now, not on a miss
+        root = os.path.abspath(os.fspath(root) if root is not None else default_root())
+        self._policies: dict[str, TrustPolicy] = {}
+        self._untrusted: dict[str, UntrustedRoot] = {}
+        self.store = Store(root, self._store_policy(root))
+        self.root = self.store.root
+        # Read-only stores: nothing is created there, so they need no policy for modes; their
+        # trust is checked where an entry is found (see _lookup_at).
+        self.seeds = [Store(s) for s in (seed_roots() if seeds is None else seeds)]
+        # The toolchain fingerprint, memoised in this root's state/ directory.
+        self.fingerprint = Fingerprint(self.store.path("state"))
+        self._lock_timeout = lock_timeout
+        self._memo: dict[str, Entry] = {}
+        # Base keys of specs this cache has seen (see _base_key): the last one, then by id(spec).
+        self._last_key: tuple = (None, None, "")
+        self._base_keys: dict[int, tuple[StubSpec, dict, str]] = {}
+        self._verified = _VERIFIED
+        self._pins = _PINS
+        self._lib_fds = _LIB_FDS
+        self._cap_pending = False  # this instance published: check the size cap after the locks
+        self._mutex = _PROCESS_LOCK
+        self._key_locks: dict[str, LockType] = {}
+        # The fleet tier (docs/remote.md): settings checked now, client made on the first miss.
+        self._remote_config = _remote_config()
+        self._remote = None
+
+    # --- public API --------------------------------------------------------------------------
+
+    def key(self, spec: StubSpec) -> str:
+        """The base key of ``spec`` (the entry key, unless it tracks user headers)."""
+        return base_key(spec.canonical(), self._fingerprint(spec))
+
+    def preimage(self, spec: StubSpec) -> dict:
+        """The readable inputs of the key of ``spec``."""
+        return preimage(spec.canonical(), self._fingerprint(spec))
+
+    def lookup(self, spec: StubSpec) -> Entry | None:
+        """The published, verified entry for ``spec`` (seeds first), or ``None``. Never builds."""
+        found = self._lookup_all(spec, self.key(spec))
+        return found if isinstance(found, Entry) else None
+
+    def get_or_build(self, spec: StubSpec) -> Entry:
+        """Return the entry for ``spec``, building and publishing it once per host if needed.
+
+        Raises :class:`BuildError` if the stub does not compile (nothing is published),
+        and :class:`CacheMissError` on a miss when ``STUBCACHE_REQUIRE_HIT`` is set. A root this
+        user does not trust (see docs/security.md) gives one warning and private builds; an entry
+        that fails the trust checks is never loaded: it is quarantined and rebuilt.
+        """
+        if not isinstance(spec, StubSpec):
+            raise TypeError(f"get_or_build expects a StubSpec, got {type(spec).__name__}")
+        fp = self._fingerprint(spec)
+        last = self._last_key
+        base = last[2] if last[0] is spec and last[1] is fp else self._base_key(spec, fp)
+        if not spec.tracks_headers:
+            memo = self._memo.get(base)
+            if memo is not None:
+                return memo
+        with self._key_lock(base):  # threads of this process: one build per key, others proceed
+            entry = self._get_or_build(spec, base)
+        if self._cap_pending:  # after a publish, with every lock released; never after a hit
+            self._cap_pending = False
+            from ..admin import sizecap
+
+            sizecap.start_after_publish(self.store)
+        if not spec.tracks_headers:
+            self._memo[base] = entry  # private builds too: one per process is enough
+        return entry
+
+    def loaded_path(self, entry: Entry) -> str:
+        """Load ``entry`` (verified, see :meth:`load_entry`) and return the path it was loaded by.
+        Hand it to APIs that ``dlopen`` by path, such as
+        ``torch.cuda.memory.CUDAPluggableAllocator`` or ``torch.ops.load_library``: glibc matches
+        the name and returns the same, already checked handle and state, even if the entry has
+        since been removed or replaced on disk."""
+        self.load_entry(entry)
+        return _REAL_PATHS[entry.path]  # the name load_entry loaded and checked it by
+
+    def load(self, spec: StubSpec):
+        """``get_or_build`` and ``dlopen`` the library; returns a ``ctypes.CDLL``."""
+        return self.load_entry(self.get_or_build(spec))
+
+    def load_entry(self, entry: Entry):
+        """``dlopen`` an entry's library by its real path, after checking the file (opened with
+        ``O_NOFOLLOW``, checksummed through that descriptor); then the file the loader mapped is
+        compared with that descriptor's (device, inode), and refused on a mismatch."""
+        with self._mutex:
+            fd = self._lib_fds.get(entry.path)
+            if fd is None:
+                fd = self._open_checked(entry)
+                self._lib_fds[entry.path] = fd
+            # By the real path: the name torch.ops.load_library (it calls os.path.realpath) and
+            # symbolizers use, so glibc matches it to this checked handle rather than mapping
+            # whatever file is at that path by then (a root reached through a symlink).
+            # Resolved once per process: a later load by that name gets glibc's handle for the
+            # file checked below, and repeated hits skip realpath's lstat per path component.
+            real = _REAL_PATHS.get(entry.path)
+            if real is None:
+                real = _REAL_PATHS[entry.path] = os.path.realpath(entry.path)
+            lib = ctypes.CDLL(real)
+            try:
+                check_mapped(real, os.fstat(fd), entry.manifest.sha256, lib._handle, fd)
+            except IntegrityError:
+                import _ctypes
+
+                _ctypes.dlclose(lib._handle)
+                raise
+            return lib
+
+    def remember_hit(self, spec: StubSpec, entry: Entry, digest: str) -> bool:
+        """Leave a hit record (:mod:`stubcache.hit.hitpath`) for the request named ``digest``, whose
+        spec is ``spec`` and which this cache just served with ``entry``, if such a record can
+        answer it: a published direct build from this root whose tracked inputs are all
+        unchanged by signature right now, a spec whose key needs only the base fingerprint, no
+        seed stores or remote tier, and a root this user trusts privately. True if a record was
+        written. Never fails the load that called it: a record is only a shortcut."""
+        try:
+            return self._remember_hit(spec, entry, digest)
+        except Exception as exc:  # noqa: BLE001 - a missing shortcut must not fail an engine's start
+            _log.logger().debug("stubcache: no hit record for %s: %r", entry.key, exc)
+            return False
+
+    def _remember_hit(self, spec: StubSpec, entry: Entry, digest: str) -> bool:
+        m = entry.manifest
+        if (not entry.published or entry.seed or entry.root != self.root or self.seeds
+                or self._remote_config is not None or m.build_method != "direct"
+                or spec.tracks_headers or spec.cuda_sources
+                or spec.effective_with_cuda or spec.host_targets or spec.tool_flags):
+            return False
+        policy = self._policies.get(self.root)
+        if policy is None or policy.shared or not self.store.ready:
+            return False
+        from ..key.fingerprint import KEY_ENV_VARS, _env_from_snapshot, _env_snapshot, _fast_memo_path, _load_json
+
+        fp = self.fingerprint.base()
+        try:
+            memo = _load_json(_fast_memo_path(self.store.path("state"), _env_from_snapshot(_env_snapshot())))
+            if memo["fp"] != fp or not isinstance(memo["validators"], list):
+                return False
+            manifest_sig = hitpath.sig(os.lstat(os.path.join(self.store.entry_dir(entry.key), MANIFEST_NAME)))
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        tracked = _unchanged_inputs(m.headers, m.inputs, self._sig_memo(self.store, entry.key))
+        if tracked is None:
+            return False
+        package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # stubcache/
+        code = [os.path.join(package, *mod.split(".")[1:]) + ".py" for mod in hitpath.KEY_MODULES]
+        record = hitpath.HitRecord(
+            key=entry.key, base=m.base_key, name=spec.name, library=m.library, sha256=m.sha256, size=m.size,
+            manifest=manifest_sig, env=[[n, os.environ.get(n)] for n in KEY_ENV_VARS],
+            validators=list(memo["validators"]) + [[p, hitpath.path_sig(p)] for p in code],
+            tracked=tracked[0], shadows=tracked[1])
+        if hitpath.HitRecord.from_dict(record.to_dict()) is None:  # a value it would refuse to read
+            return False
+        write_hit_record(self.root, digest, record)
+        return True
+
+    # --- internals ---------------------------------------------------------------------------
+
+    def _base_key(self, spec: StubSpec, fp: dict) -> str:
+        """The base key of ``spec`` under the fingerprint ``fp``, remembered for this very spec
+        object (a spec is immutable) while the fingerprint is the same object.
+
+        get_or_build first checks the last spec (one tuple read, as cheap as the attribute on
+        the spec that this memo replaces), then this memo, by ``id``: hashing a spec would hash
+        its sources, and each memo entry holds its spec, so the id is not reused meanwhile. At
+        most ``_BASE_KEYS_MAX`` specs are kept: a caller that makes a new spec per call (the
+        ``load_inline`` drop-in) gains nothing from it, and must not make the memo grow."""
+        known = self._base_keys.get(id(spec))
+        if known is None or known[0] is not spec or known[1] is not fp:
+            known = (spec, fp, base_key(spec.canonical(), fp))
+            if len(self._base_keys) >= _BASE_KEYS_MAX:
+                self._base_keys.clear()
+            self._base_keys[id(spec)] = known
+        self._last_key = known
+        return known[2]
+
+    def _key_lock(self, base: str) -> LockType:
+        lock = self._key_locks.get(base)
+        if lock is None:
+            with self._mutex:
+                lock = self._key_locks.setdefault(base, allocate_lock())
+        return lock
+
+    def _fingerprint(self, spec: StubSpec) -> dict:
+        if not self.store.ready:
+            try:
+                self.store.ensure()
+            except OSError:
+                pass  # read-only or missing root: lookups still work, builds degrade
+        fp = self.fingerprint.base()
+        if spec.cuda_sources or spec.effective_with_cuda:
+            fp = dict(fp, cuda=self.fingerprint.cuda())
+        if spec.host_targets:
+            fp = dict(fp, native=self.fingerprint.native_target(spec.host_targets))
+        if spec.tool_flags:
+            fp = dict(fp, tools=self.fingerprint.flag_tools(spec.tool_flags))
+        return fp
+
+    def _lock_timeout_s(self) -> float:
+        from ..storage import locking
+
+        return self._lock_timeout if self._lock_timeout is not None else locking.lock_timeout_from_env()
+
+    def _store_policy(self, root: str) -> TrustPolicy | None:
+        """The policy the local store is made with (its files' modes): the root's as it is now;
+        ``None`` (private modes) for a root that is not trusted or cannot be checked. Nothing is
+        remembered: whether the root is trusted is decided where it is first used
+        (:meth:`_root_policy`), which may be long after start-up, and a root made, shared,
+        fixed or spoilt meanwhile is judged as it is then."""
+        try:
+            return root_policy(root)
+        except (TrustError, OSError):
+            return None
+
+    def _policy(self, store: Store) -> TrustPolicy:
+        """The trust policy of a store (see :meth:`_root_policy`)."""
+        return self._root_policy(store.root)
+
+    def _root_policy(self, root: str) -> TrustPolicy:
+        """The trust policy of a root, after checking its root directories (once per process,
+        see :func:`root_policy`). Raises :class:`UntrustedRoot` if this user has not chosen to
+        trust the root; a missing root gets the private policy and is checked again next time."""
+        policy = self._policies.get(root)
+        if policy is None:
+            known = self._untrusted.get(root)
+            if known is not None:
+                raise known
+            try:
+                policy = root_policy(root)
+            except UntrustedRoot as exc:
+                self._untrusted[root] = exc
+                raise
+            if policy is None:
+                return private_policy()
+            self._policies[root] = policy
+            if root == self.store.root and policy.shared != self.store.shared:
+                # Shared (or no longer) since this cache was made: what it creates from now on
+                # gets the modes of the root it trusts.
+                self.store = Store(root, policy)
+        return policy
+
+    def _event(self, ev: str, key: str, seconds: float | None = None, **extra) -> None:
+        """Record an :class:`~stubcache.storage.events.Event` in this root (``None`` values left out)."""
+        extra = {k: v for k, v in extra.items() if v is not None}
+        events.record(self.store.path("events"), ev, key, seconds,
+                      file_mode=events.file_mode(self.store.shared), **extra)
+
+    # --- get_or_build, step by step: look up, wait, look again, build, publish; or degrade ------
+
+    def _get_or_build(self, spec: StubSpec, base: str) -> Entry:
+        """The steps of :meth:`get_or_build` once the key is known (under this process's lock for
+        it): look up; on a miss wait for the key's build lock, look again, then build (or fetch
+        from the fleet) and publish. A root that cannot be used (not trusted, not writable, its
+        lock held past the timeout) degrades to a private build."""
+        t_start = time.time()
+        try:
+            found = self._look_up(spec, base)
+        except UntrustedRoot as exc:
+            return self._untrusted_root(spec, base, exc)
+        if found is not None:
+            return found
+        require_hit = _env_flag("STUBCACHE_REQUIRE_HIT")
+        if require_hit and self._remote_config is None:
+            raise _require_hit_error(spec, base, self.root)
+        # One bound for the whole start: time already spent waiting for a pin counts against it.
+        timeout = max(self._lock_timeout_s() - (time.time() - t_start), 0.0)
+        from ..storage import locking
+
+        locking.load_build_lock()  # importing filelock (tens of ms) is not waiting for another build
+        t_wait = time.time()
+        try:
+            lock = self._wait(spec, base, timeout, t_wait)
+        except LockTimeoutError as exc:
+            return self._lock_timed_out(spec, base, exc, t_wait)
+        except OSError as exc:
+            if exc.errno in _UNWRITABLE:
+                return self._degraded(spec, base, exc)
+            raise
+        if isinstance(lock, Entry):
+            return lock  # published by another process while this one waited
+        try:
+            found = self._look_again(spec, base, t_wait)
+            if found is not None:
+                return found
+            self._event(Event.MISS, base, name=spec.name)
+            from . import pidhint  # a miss only: a hit never imports it
+
+            pidhint.check_miss(self.store, spec.name, spec.canonical())
+            return self._build(spec, base, timeout, t_wait, require_hit)
+        finally:
+            lock.release()
+
+    def _look_up(self, spec: StubSpec, base: str) -> Entry | None:
+        """Look up: the seed stores, then this root, after checking that this user trusts it
+        (:class:`UntrustedRoot` if not). Records a hit; ``None`` on a miss (a corrupt entry is
+        left to :meth:`_look_again`, under the key's lock)."""
+        self._policy(self.store)  # checks the root (once)
+        found = self._lookup_all(spec, base)
+        if not isinstance(found, Entry):
+            return None
+        if not hitpath.counted_here(self.root, found.key):  # (counted once, through its record)
+            self._event(Event.HIT, found.key, name=spec.name, seed=found.seed or None)
+        return found
+
+    def _wait(self, spec: StubSpec, base: str, timeout: float, t_wait: float) -> "Entry | Lock":
+        """Wait, at most ``timeout`` seconds, for the key's build lock. Returns the held lock, or
+        the entry if another process published it meanwhile (a hit after the wait, without
+        queueing on the lock). Raises :class:`LockTimeoutError` past the bound, ``OSError`` where
+        the root cannot take a lock."""
+        from ..storage import locking
+
+        def published() -> bool:
+            return bool(self.store.variant_keys(base)) or os.path.isdir(self.store.entry_dir(base))
+
+        self.store.ensure()
+        with progress.status(lambda: f"waiting for {locking.describe_holder(self.store, base)}"):
+            lock = locking.acquire(self.store, base, timeout, spec.name, published)
+        if lock is None:  # published while we waited: a plain lookup, no lock queue
+            found = self._lookup(self.store, spec, base)
+            if isinstance(found, Entry):
+                self._event(Event.WAIT, base, time.time() - t_wait, name=spec.name)
+                self._event(Event.HIT, found.key, name=spec.name, after_wait=True)
+                return found
+            lock = locking.acquire(self.store, base, max(timeout - (time.time() - t_wait), 0.0), spec.name)
+        return lock
+
+    def _look_again(self, spec: StubSpec, base: str, t_wait: float) -> Entry | None:
+        """Look again, holding the key's build lock: the entry if another process published it
+        while this one waited, else ``None`` (build it). A corrupt entry is quarantined (where
+        the root cannot take that, the private build is returned); a build that failed while
+        this process waited raises its :class:`BuildError` here."""
+        waited = time.time() - t_wait
+        if waited > 0.05:
+            self._event(Event.WAIT, base, waited, name=spec.name)
+        found = self._lookup(self.store, spec, base)
+        if isinstance(found, Entry):
+            self._event(Event.HIT, found.key, name=spec.name, after_wait=True)
+            return found
+        if isinstance(found, _Corrupt):
+            try:
+                self.store.quarantine(found.key, found.reason)
+            except OSError as exc:
+                return self._degraded(spec, base, exc)
+            self._event(Event.QUARANTINE, found.key, reason=found.reason)
+        from ..edge.values import finite
+
+        failure = self.store.read_failure(base)
+        # A failure recorded while we waited; a time in the future (clock skew, or a hostile
+        # member) proves nothing and must not block the key.
+        failed_at = finite(failure.get("time"), t_wait, time.time() + 1.0) if failure else None
+        if failed_at is not None:
+            raise BuildError(
+                f"Error building extension '{spec.name}' (failed in pid {failure.get('pid')} while this "
+                "process waited)", output=str(failure.get("output", ""))[-(256 << 10):], key=base,
+                name=spec.name)
+        return None
+
+    def _build(self, spec: StubSpec, base: str, timeout: float, t_wait: float, require_hit: bool) -> Entry:
+        """Build, holding the key's build lock, with a lease that tells waiters who is at work:
+        from the fleet's remote store if it has the entry (:meth:`_fetch_or_claim`), else here,
+        then publish (and upload, for a fleet-wide claim). A root that cannot take the build
+        degrades to a private one."""
+        claim = None
+        try:
+            self.store.clear_failure(base)
+            self.store.write_lease(base, spec.name)  # waiters on this host see who is at work
+            if self._remote_config is not None and not spec.tracks_headers:
+                got = self._fetch_or_claim(spec, base, max(timeout - (time.time() - t_wait), 0.0), require_hit)
+                if isinstance(got, Entry):
+                    return got
+                claim = got  # this host builds for the fleet (or None: build, no upload)
+            if require_hit:
+                raise _require_hit_error(spec, base, self.root)
+            with progress.status(lambda: f"building {spec.name} ({spec.build_method} build)"):
+                entry = self._build_and_publish(spec, base)
+            if claim is not None:
+                claim.upload(entry.manifest, entry.path)  # after the local publish
+            return entry
+        except OSError as exc:
+            if exc.errno in _UNWRITABLE:
+                return self._degraded(spec, base, exc)
+            raise
+        finally:
+            try:
+                self.store.clear_lease(base)
+            finally:  # even if that fails: a live heartbeat would hold the key for the fleet
+                if claim is not None:
+                    claim.release()
+
+    def _fetch_or_claim(self, spec: StubSpec, base: str, budget: float, require_hit: bool):
+        """Ask the remote tier: the entry, published here from a verified blob; else this host's
+        fleet-wide claim to build it (``None``: build without uploading)."""
+        got = self._remote_tier().fetch_or_claim(
+            base, preimage(spec.canonical(), self._fingerprint(spec)), spec.name, budget,
+            may_build=not require_hit)
+        from ..remote.tier import Fetched
+
+        if isinstance(got, Fetched):
+            return self._publish_fetched(spec, base, got)
+        return got
+
+    # --- degrade: a private build, loaded from a temporary directory, never published ----------
+
+    def _lock_timed_out(self, spec: StubSpec, base: str, exc: LockTimeoutError, t_wait: float) -> Entry:
+        """Another process held the key's build past the bound: build privately (one warning)."""
+        _log.warning("stubcache: %s; building privately without publishing", exc)
+        self._event(Event.LOCK_TIMEOUT, base, time.time() - t_wait, name=spec.name)
+        return self._private_build(spec, base, reason=str(exc))
+
+    def _untrusted_root(self, spec: StubSpec, base: str, exc: UntrustedRoot) -> Entry:
+        """A root this user has not chosen to trust: seeds, else a private build (one warning)."""
+        for seed in self.seeds:
+            try:
+                found = self._lookup(seed, spec, base, seed=True)
+            except UntrustedRoot:
+                continue
+            if isinstance(found, Entry):
+                return found
+        if self.root not in _warned_degraded:
+            _warned_degraded.add(self.root)
+            _log.warning("stubcache: not using the cache at %s: %s; building privately (%s; see "
+                         "`stubcache doctor`)", self.root, exc, exc.how)
+        if _env_flag("STUBCACHE_REQUIRE_HIT"):
+            raise CacheMissError(f"STUBCACHE_REQUIRE_HIT is set and the cache at {self.root} is not trusted: {exc}")
+        return self._private_build(spec, base, reason=str(exc))
+
+    def _degraded(self, spec: StubSpec, base: str, exc: OSError) -> Entry:
+        if self.root not in _warned_degraded:
+            _warned_degraded.add(self.root)
+            _log.warning("stubcache: cannot write the cache at %s (%s); building privately, nothing is "
+                         "shared until this is fixed (see `stubcache doctor`)", self.root, exc)
+        return self._private_build(spec, base, reason=str(exc))
+
+    # --- looking up: every entry is checked (trust, shape, checksum) before it is returned --------
+
+    def _lookup_all(self, spec: StubSpec, base: str) -> "Entry | _Corrupt | None":
+        for seed in self.seeds:
+            try:
+                found = self._lookup(seed, spec, base, seed=True)
+            except UntrustedRoot as exc:
+                if seed.root not in _warned_degraded:
+                    _warned_degraded.add(seed.root)
+                    _log.warning("stubcache: ignoring seed store %s: %s (%s)", seed.root, exc, exc.how)
+                continue
+            if isinstance(found, Entry):
+                return found
+            if isinstance(found, _Corrupt):
+                _log.warning("stubcache: ignoring seed entry %s in %s: %s", found.key, seed.root, found.reason)
+        try:
+            return self._lookup(self.store, spec, base)
+        except UntrustedRoot:
+            return None  # get_or_build says so once and builds privately
+
+    def _lookup(self, store: Store, spec: StubSpec, base: str, seed: bool = False) -> "Entry | _Corrupt | None":
+        # Variants built with tracked input files (any header the fingerprint does not pin, any
+        # linker input), then the plain entry of a build that read none.
+        keys = store.variant_keys(base) + [base]
+        try:
+            entries_fd = store.dir("entries")
+        except OSError:
+            return None  # no entries/ (or something else in its place): nothing to find here
+        try:
+            for key in keys:
+                try:
+                    efd = os.open(fsroot.check_name(key), fsroot.O_DIR, dir_fd=entries_fd)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:  # a symlink (ELOOP) or a file (ENOTDIR) where an entry should be
+                    return _Corrupt(key, f"entry is not a directory ({exc.strerror})")
+                try:
+                    found = self._lookup_at(store, efd, spec, base, key, seed, entries_fd)
+                finally:
+                    os.close(efd)
+                if found is not None:
+                    return found
+        finally:
+            os.close(entries_fd)
+        return None
+
+    def _sig_memo(self, store: Store, key: str) -> str | None:
+        """Where this root remembers re-checked signatures of an entry's tracked files."""
+        if not self.store.ready:
+            return None
+        if store is self.store:
+            tag = key
+        else:  # a seed store's entry: its files were checked against this host's
+            import hashlib
+
+            tag = f"{key}-{hashlib.sha256(store.root.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
+        return os.path.join(self.store.path("state"), inputs_memo_name(tag))
+
+    def _lookup_at(self, store: Store, efd: int, spec: StubSpec, base: str, key: str,
+                   seed: bool, entries_fd: int) -> "Entry | _Corrupt | None":
+        try:
+            manifest = store.read_manifest_at(efd)
+        except FileNotFoundError:
+            return _Corrupt(key, "manifest missing")
+        except (OSError, ValueError) as exc:  # a FIFO, a link, garbage, an absurd size
+            return _Corrupt(key, f"manifest unreadable: {exc}")
+        if manifest.key != key or manifest.base_key != base:
+            return _Corrupt(key, "manifest describes another key")
+        try:
+            if (manifest.headers or manifest.inputs) and not still_valid(manifest.headers, manifest.inputs,
+                                                    self._sig_memo(store, key)):
+                return None
+        except ValueError as exc:  # same key, so a rebuild could never replace it: quarantine
+            return _Corrupt(key, str(exc))
+        entry = Entry(key, os.path.join(store.entry_dir(key), manifest.library), manifest, seed=seed,
+                      root=store.root)
+        try:
+            policy = self._policy(store)
+            if not seed:
+                self._pin(key)
+                # Pinned now: prune can no longer take it. Is the directory we read still the
+                # entry (not evicted between our open and our pin)?
+                if os.stat(key, dir_fd=entries_fd, follow_symlinks=False).st_ino != os.fstat(efd).st_ino:
+                    return None
+            self._verify(entry, policy, efd)
+        except FileNotFoundError:
+            return None  # removed under us (prune): a miss, rebuild
+        except IntegrityError as exc:
+            return _Corrupt(key, str(exc))
+        except UntrustedRoot:
+            raise
+        except TrustError as exc:
+            # Content this user does not trust (a link, another owner, writable by others):
+            # never loaded; moved aside and rebuilt like a corrupt entry, so that no one who
+            # can write an entry can stop everyone else's engines from starting.
+            return _Corrupt(key, str(exc))
+        return entry
+
+    def _pin(self, key: str) -> None:
+        """Pin an entry before it is used (prune skips pinned entries). Best-effort: a read-only
+        or unwritable root, or a pin held exclusively past the lock timeout, loads unpinned."""
+        slot = (self.root, key)
+        if slot in self._pins:
+            return
+        try:
+            fd = self.store.pin(key, self._lock_timeout)  # None: STUBCACHE_LOCK_TIMEOUT, read only if contended
+        except OSError as exc:
+            if exc.errno in _UNWRITABLE or isinstance(exc, fsroot.NotRegularFile):
+                return
+            raise
+        if fd is not None:
+            with self._mutex:
+                if slot in self._pins:
+                    os.close(fd)
+                else:
+                    self._pins[slot] = fd
+
+    def _open_checked(self, entry: Entry, policy: TrustPolicy | None = None, dir_fd: int | None = None) -> int:
+        try:
+            if dir_fd is None:
+                fd = fsroot.open_regular(None, entry.path)
+            else:
+                fd = fsroot.open_regular(dir_fd, entry.manifest.library)
+        except fsroot.NotRegularFile as exc:
+            raise IntegrityError(f"library {entry.path} {exc.strerror}") from None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise TrustError(f"refusing library {entry.path}: it is a symlink; remove the entry "
+                                 "(stubcache never follows links)") from None
+            raise
+        try:
+            st = os.fstat(fd)
+            if policy is None:
+                policy = self._root_policy(entry.root) if entry.root else private_policy()
+            policy.check(st, entry.path, "library")
+            ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            if self._verified.get(entry.path) != ident:
+                if st.st_size > fsroot.LIBRARY_CAP:  # hashing a planted sparse file would take hours
+                    raise IntegrityError(f"library {entry.path} is {st.st_size} bytes, over the "
+                                         f"{fsroot.LIBRARY_CAP}-byte limit for a library")
+                if st.st_size != entry.manifest.size or file_sha256(fd) != entry.manifest.sha256:
+                    raise IntegrityError(f"checksum mismatch for {entry.path}")
+                self._verified[entry.path] = ident
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _verify(self, entry: Entry, policy: TrustPolicy, efd: int) -> None:
+        """Checksum (first time per process), trust checks and a whole-entry shape check, all on
+        the entry directory open as ``efd`` (invariants 5 and 6 of docs/design.md)."""
+        if entry.path in self._verified:
+            return
+        edir = os.path.dirname(entry.path)
+        policy.check(os.fstat(efd), edir, "cache entry")
+        names = set(os.listdir(efd))
+        expected = {MANIFEST_NAME, entry.manifest.library}
+        if names != expected:
+            raise IntegrityError(f"entry has unexpected files "
+                                 f"{fsroot.printable(sorted(names ^ expected))}")
+        fd = self._open_checked(entry, policy, efd)
+        with self._mutex:
+            # load_entry reuses this very fd (no second open) and compares what the loader mapped
+            # with it; one fd per library is kept for the life of the process.
+            keep = self._lib_fds.setdefault(entry.path, fd)
+        if keep != fd:
+            os.close(fd)
+
+    # --- building and publishing -----------------------------------------------------------------
+
+    def _manifest_for(self, spec: StubSpec, base: str, result, sha: str, size: int) -> Manifest:
+        key = entry_key(base, result.headers, absent_paths(result.inputs))
+        return Manifest(
+            key=key, base_key=base, name=spec.name, module_name=result.module_name,
+            library=os.path.basename(result.library), sha256=sha, size=size,
+            preimage=preimage(spec.canonical(), self._fingerprint(spec)), headers=result.headers,
+            inputs=result.inputs,
+            build_method=result.method, build_seconds=round(result.seconds, 6), build_log=result.log,
+            created=time.time(), stubcache_version=__version__,
+        )
+
+    def _build_and_publish(self, spec: StubSpec, base: str, retry: bool = True) -> Entry:
+        """Build in a fresh staging directory, then publish. A build during which an input changed
+        is published under no key: built once more, then privately."""
+        staging = self.store.new_staging(base)
+        try:
+            result = self._compile(spec, base, staging)
+            if result.unstable:
+                # An input changed while the compiler ran: the library may hold either version,
+                # so it is published under no key. Once more, then privately.
+                self._event(Event.UNSTABLE_INPUTS, base, name=spec.name, files=len(result.unstable))
+                _log.warning("stubcache: %s changed during the build of %r; not publishing it",
+                             ", ".join(result.unstable[:3]), spec.name)
+                if retry:
+                    self.store.rmtree(staging)
+                    # Past the clock slack, an edit made before now no longer looks concurrent.
+                    time.sleep(2 * CLOCK_SLACK_NS / 1e9)
+                    return self._build_and_publish(spec, base, retry=False)
+                return self._private_build(spec, base, reason="inputs changed during the build")
+            staged_entry = os.path.join(staging, "entry")
+            fsroot.mkdir_mode(staged_entry, self.store.mode(0o700, 0o2770))
+            lib = os.path.join(staged_entry, os.path.basename(result.library))
+            os.rename(result.library, lib)
+            manifest = self._manifest_for(spec, base, result, file_sha256(lib), os.path.getsize(lib))
+            _faults.point("before_publish")
+            self._publish(staged_entry, manifest)
+            _faults.point("after_publish")
+            self._event(Event.BUILD, manifest.key, result.seconds, name=spec.name, method=result.method)
+            return self._look_up_published(spec, base, manifest.key)
+        finally:
+            self.store.rmtree(staging)
+
+    def _compile(self, spec: StubSpec, base: str, staging: str):
+        """Run the builder in ``<staging>/build``. A failed build is recorded for the processes
+        waiting on the key and raised (:class:`BuildError`; ``OSError`` ENOSPC for a full disk)."""
+        from ..build.builder import build
+
+        build_dir = os.path.join(staging, "build")
+        fsroot.mkdir_mode(build_dir, self.store.mode(0o700, 0o2770))  # shared: the owner can clean it
+        try:
+            result = build(spec, build_dir, self.fingerprint.compiler_facts())
+        except BuildError as exc:
+            exc.key = base
+            if "No space left on device" in (exc.output or ""):
+                raise OSError(errno.ENOSPC, f"no space left while building {spec.name!r}") from exc
+            self.store.record_failure(base, exc.output or str(exc))
+            self._event(Event.FAIL, base, name=spec.name)
+            raise
+        _faults.point("after_build")
+        return result
+
+    def _publish(self, staged_entry: str, manifest: Manifest) -> None:
+        """Publish a complete staged entry (by one rename; an existing entry of the key wins),
+        pinned before it becomes visible, so that prune cannot take it in between."""
+        self._pin(manifest.key)
+        self.store.publish(staged_entry, manifest)  # False: an existing entry won
+        self._cap_pending = True
+
+    def _look_up_published(self, spec: StubSpec, base: str, key: str) -> Entry:
+        """The entry just published, looked up (and so verified) from the root, like any hit:
+        nothing loads from a staging or temporary copy."""
+        found = self._lookup(self.store, spec, base)
+        if not isinstance(found, Entry):
+            raise StubCacheError(f"entry {key} vanished right after publishing")
+        return found
+
+    def _remote_tier(self):
+        if self._remote is None:
+            from ..remote.tier import RemoteTier
+
+            self._remote = RemoteTier(self._remote_config, self._event)
+        return self._remote
+
+    def _publish_fetched(self, spec: StubSpec, base: str, fetched) -> Entry:
+        """Publish a verified remote blob into this root (staging + atomic rename, as a build
+        would) and return the entry looked up from there: nothing loads from a temporary copy."""
+        from ..storage import locking
+
+        manifest = fetched.manifest
+        staging = self.store.new_staging(base)
+        try:
+            staged_entry = os.path.join(staging, "entry")
+            fsroot.mkdir_mode(staged_entry, self.store.mode(0o700, 0o2770))
+            with fsroot.Dir(staged_entry) as efd:
+                locking.write_file(efd, manifest.library, fetched.library, mode=0o600, exclusive=True)
+            self._publish(staged_entry, manifest)
+            entry = self._look_up_published(spec, base, manifest.key)  # verifies the published copy again
+            entry.fetched = True
+            return entry
+        finally:
+            self.store.rmtree(staging)
+
+    def _private_build(self, spec: StubSpec, base: str, reason: str) -> Entry:
+        """Build in a private temporary directory, load from there, never publish."""
+        import atexit
+        import tempfile
+
+        from ..build.builder import build
+
+        tmp = tempfile.mkdtemp(prefix="stubcache-private-")
+        atexit.register(Store.rmtree, tmp)
+        build_dir = os.path.join(tmp, "build")
+        os.mkdir(build_dir, 0o700)
+        with progress.status(lambda: f"building {spec.name} privately ({spec.build_method} build)"):
+            result = build(spec, build_dir, self.fingerprint.compiler_facts())
+        manifest = self._manifest_for(spec, base, result, file_sha256(result.library),
+                                      os.path.getsize(result.library))
+        self._event(Event.PRIVATE_BUILD, manifest.key, result.seconds, name=spec.name, reason=reason)
+        return Entry(manifest.key, result.library, manifest, published=False)

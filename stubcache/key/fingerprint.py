@@ -1,0 +1,299 @@
+"""Everything besides the spec that changes the binary: torch, compiler, Python, platform, env.
+
+A :class:`Fingerprint` belongs to one cache (its ``state/`` directory holds the on-disk memos)
+and computes each part at most once (per compiler, per environment), without importing torch:
+torch's version comes from ``torch/version.py`` found with ``importlib.util.find_spec``, and the
+compiler's ``--version`` output is remembered on disk keyed by the compiler's resolved path,
+size and mtime, so a hit in a fresh process starts no subprocess. The module holds no state:
+only constants and pure functions. This module is what a hit needs (the environment, the
+whole-fingerprint memo); how each fact is probed on a miss is in :mod:`stubcache.key.toolchain`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from _thread import allocate_lock  # threading.Lock without importing threading (hit path)
+
+from ..edge import _json
+from ..edge._digest import sha256
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
+if TYPE_CHECKING:
+    from typing import Any, Callable
+
+FORMAT_VERSION = 4  # 2: real compiler, tracked inputs, needless fields nulled; 3: records without the holes of 2;
+#                    4: separate_units in the spec
+
+# Environment variables that torch's cpp_extension, the compiler drivers (gcc, clang, nvcc) or
+# the linker read when forming or running build commands and that can change the output; the
+# table in docs/cache.md says what each one does. MAX_JOBS, TMPDIR and the diagnostics-only
+# variables are not here: they do not change the library.
+KEY_ENV_VARS = (
+    "CXX", "CC", "CUDA_HOME", "CUDA_PATH", "CUDA_INC_PATH", "CUDNN_HOME", "CUDNN_PATH",
+    "ROCM_HOME", "ROCM_PATH", "HIP_HOME", "PYTORCH_ROCM_ARCH", "TORCH_CUDA_ARCH_LIST",
+    "TORCH_XPU_ARCH_LIST", "PYTORCH_NVCC", "NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS", "NVCC_CCBIN",
+    "TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES", "TORCH_NO_COMPILER_WRAPPER",
+    "CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "LIBRARY_PATH", "GCC_EXEC_PREFIX",
+    "COMPILER_PATH", "SOURCE_DATE_EPOCH", "CCC_OVERRIDE_OPTIONS", "LD_RUN_PATH", "GNUTARGET",
+    "LDEMULATION", "LC_ALL", "LC_CTYPE", "LANG",
+)
+# gcc takes the source character set from the locale; the usual UTF-8 and C locales all read
+# sources the same way, so only other values split the key.
+_LOCALE_VARS = ("LC_ALL", "LC_CTYPE", "LANG")
+
+
+def _neutral_locale(value: str) -> bool:
+    v = value.lower().replace("-", "")
+    return v in ("", "c", "posix") or v.endswith((".utf8", ".utf8@euro"))
+
+# CPython's raw bytes mapping behind os.environ: one dict lookup per variable (37 of them:
+# ~2 us per call) against ~29 us through os.environ.get, whose misses raise and catch KeyError.
+# Read on every get_or_build; other Pythons take the os.environ path.
+_ENV_DATA = getattr(os.environ, "_data", None)
+_ENV_KEYS_RAW = tuple(os.environ.encodekey(k) for k in KEY_ENV_VARS) if _ENV_DATA is not None else ()
+
+
+def _env_snapshot() -> tuple:
+    """The key environment variables' raw values: a few dict lookups, cheap enough for every call."""
+    if _ENV_DATA is not None:
+        get = _ENV_DATA.get
+        return tuple([get(k) for k in _ENV_KEYS_RAW])
+    return tuple([os.environ.get(k) for k in KEY_ENV_VARS])
+
+
+def _env_from_snapshot(snap: tuple) -> dict[str, str]:
+    out = {}
+    for name, raw in zip(KEY_ENV_VARS, snap):
+        if raw is not None:
+            value = os.environ.decodevalue(raw) if _ENV_DATA is not None else raw
+            if name in _LOCALE_VARS and _neutral_locale(value):
+                continue
+            if name == "TORCH_CUDA_ARCH_LIST" and not value.strip():
+                continue  # torch reads "" as unset ("detect"): cuda() then keys the detected archs
+            out[name] = value
+    return out
+
+
+def torch_dir() -> str | None:
+    """The installed torch package directory, found without importing torch (looked up on each
+    call; :meth:`Fingerprint.torch_dir` remembers it)."""
+    mod = sys.modules.get("torch")
+    if mod is not None and getattr(mod, "__file__", None):
+        return os.path.dirname(mod.__file__)
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return list(spec.submodule_search_locations)[0]
+
+
+def _write_json(path: str, data: dict) -> None:
+    """Best-effort atomic write of a memo (readers see the old file or the new one)."""
+    from ..edge import fsroot
+    from ..storage import locking
+
+    try:
+        parent, name = os.path.split(path)
+        with fsroot.Dir(parent) as dfd:  # never through a planted link (O_EXCL temp, dir fd)
+            locking.write_file(dfd, name, _json.dumps(data).encode(), mode=0o644)
+    except (OSError, ValueError):
+        pass
+
+
+def _load_json(path: str):
+    """A memo's JSON: a regular file only, size-capped (a FIFO planted in state/ cannot hang a start)."""
+    from ..edge import fsroot
+
+    try:
+        return _json.loads(fsroot.read_at(None, path, fsroot.SMALL_CAP * 16))
+    except RecursionError:
+        raise ValueError("nests too deeply") from None
+
+
+def which(command: str) -> str | None:
+    """``shutil.which`` for executables, without importing shutil on the hit path."""
+    if os.sep in command:
+        return command if os.path.isfile(command) and os.access(command, os.X_OK) else None
+    for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        cand = os.path.join(d or ".", command)
+        if os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+# --- whole-fingerprint memo -------------------------------------------------------------------
+# A fresh process's first hit spends most of its time here (find_spec, reading version.py,
+# realpath, two memo files). This memo stores the finished fingerprint with the stat
+# signatures of everything it was derived from, and is used only if all of them still match:
+# torch's version.py and libc10, the compiler as found on PATH and its real file, and every PATH
+# directory searched before it (a compiler added earlier on PATH changes that directory's mtime).
+
+
+def _sig(path: str) -> list | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
+
+
+def _fast_memo_path(state_dir: str, env: dict) -> str:
+    # A compiler cache's own variables (CCACHE_COMPILER, CCACHE_PREFIX, …) choose the compiler
+    # it runs: a fingerprint holds only for their values.
+    wrapper_env = sorted([(k, v) for k, v in os.environ.items() if k.startswith(("CCACHE_", "SCCACHE_", "BUILDCACHE_"))])
+    # HOME and XDG_CONFIG_HOME name the config files a compiler cache reads (~/.ccache/ccache.conf,
+    # ...; toolchain.wrapper_config_files): its `compiler =` holds only for them.
+    homes = [os.environ.get("HOME"), os.environ.get("XDG_CONFIG_HOME")]
+    path = [p if type(p) is str else repr(p) for p in sys.path]  # a program may append a pathlib.Path
+    ident = _json.dumps([FORMAT_VERSION, sys.executable, path, os.environ.get("PATH", ""), env, homes]
+                        + ([wrapper_env] if wrapper_env else []), separators=(",", ":"))
+    return os.path.join(state_dir, "fp-" + sha256(ident.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+                        + ".json")
+
+
+def _fast_memo_get(state_dir: str | None, env: dict) -> dict | None:
+    if not state_dir:
+        return None
+    try:
+        data = _load_json(_fast_memo_path(state_dir, env))
+        for path, sig in data["validators"]:
+            if _sig(path) != sig:
+                return None
+        fp = data["fp"]
+        return fp if fp.get("env") == env and fp.get("format") == FORMAT_VERSION else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+class Fingerprint:
+    """The toolchain fingerprint of one cache: torch, C++ compiler, Python, platform, the key
+    environment variables and the format, plus the parts only some specs need (CUDA, ``-march=native``
+    targets, the tools that ``-fuse-ld=``/``-B`` select).
+
+    Each part is computed once per compiler and environment and kept here; the slow facts (a
+    compiler probe, libc10's ABI, the whole fingerprint) are also memoised on disk in
+    ``state_dir`` (the cache root's ``state/``), so a fresh process's first hit reads one small
+    file. With ``read_only`` nothing is written there (``prune --dry-run``). A
+    :class:`~stubcache.StubCache` owns one; thread-safe.
+    """
+
+    def __init__(self, state_dir: str | None, *, read_only: bool = False) -> None:
+        self.state_dir = state_dir
+        self.read_only = read_only
+        self._lock = allocate_lock()
+        # (environment snapshot, fingerprint computed from exactly that snapshot), replaced as
+        # one object so a thread can never pair a new environment with an old fingerprint.
+        self._current: tuple | None = None
+        self._compilers: dict[str, dict[str, Any]] = {}
+        self._natives: dict[tuple, dict[str, Any]] = {}
+        self._flag_tools: dict[tuple, dict[str, Any]] = {}
+        self._torch_dir: str | None = None
+
+    def __repr__(self) -> str:
+        return f"Fingerprint({self.state_dir!r}{', read_only=True' if self.read_only else ''})"
+
+    def _once(self, table: dict, key: object, compute: Callable[[], dict]) -> dict:
+        """``table[key]``, computed by ``compute`` the first time (outside the lock: a probe runs
+        subprocesses; two threads may both compute, and both get the same answer)."""
+        with self._lock:
+            cached = table.get(key)
+        if cached is not None:
+            return cached
+        value = compute()
+        with self._lock:
+            return table.setdefault(key, value)
+
+    def _memo(self, memo_key: str, compute: Callable[[], dict], valid: Callable[[dict], bool] | None = None) -> dict:
+        from .toolchain import memo
+
+        return memo(self.state_dir, memo_key, compute, valid, self.read_only)
+
+    def base(self) -> dict[str, Any]:
+        """The fingerprint every key includes (torch, C++ compiler, Python, platform, env, format).
+        Costs one environment snapshot when nothing changed; if ``CXX``, ``TORCH_CUDA_ARCH_LIST``
+        or another key variable changed since, it is recomputed: builds read the live
+        environment, so the key must too."""
+        snap = _env_snapshot()
+        current = self._current
+        if current is not None and current[0] == snap:
+            return current[1]
+        env = _env_from_snapshot(snap)  # the values of this snapshot, not a later re-read
+        fp = _fast_memo_get(self.state_dir, env)
+        if fp is None:
+            from . import toolchain
+
+            fp = {
+                "format": FORMAT_VERSION,
+                "torch": toolchain.torch_facts(self.torch_dir(), self._memo),
+                "cxx": self.compiler_identity(env.get("CXX", "c++")),
+                "python": toolchain.python_facts(),
+                "platform": {"system": sys.platform, "machine": os.uname().machine, "libc": toolchain.libc()},
+                "env": env,
+            }
+            if self.state_dir and not self.read_only and os.path.isdir(self.state_dir):
+                _write_json(_fast_memo_path(self.state_dir, env),
+                            {"fp": fp, "validators": toolchain.validators(fp, env, self.torch_dir())})
+        self._current = (snap, fp)
+        return fp
+
+    def torch_dir(self) -> str | None:
+        """The installed torch package directory (see :func:`torch_dir`), remembered once found."""
+        if self._torch_dir is None:
+            self._torch_dir = torch_dir()
+        return self._torch_dir
+
+    def compiler_identity(self, command: str) -> dict[str, Any]:
+        """Who compiles when ``command`` (``CXX``) runs, memoised here and on disk.
+
+        ``path``/``version``: the command as found on ``PATH`` (resolved) and its ``--version``.
+        ``real``: the compiler proper and the assembler and linker that the driver runs, found by
+        asking the driver itself (``-###``, ``-print-prog-name``) through any wrapper: a ccache or
+        sccache masquerade directory, ``CXX="ccache g++"``, or a script. Each is named by resolved
+        path, version line and SHA-256, so switching the compiler behind a wrapper changes the key.
+        """
+        from . import toolchain
+
+        return self._once(self._compilers, command, lambda: toolchain.compiler_identity(command, self._memo))
+
+    def compiler_facts(self) -> dict[str, Any]:
+        """The probed record of the real compiler behind ``CXX`` (``cc1``, ``as``, ``ld``, its own
+        and standard-library directories): what a build needs to list its inputs."""
+        return (self.base().get("cxx") or {}).get("real") or {}
+
+    def cuda(self) -> dict[str, Any]:
+        """Extra fingerprint for specs with CUDA sources: the nvcc that torch would use, and the
+        visible GPUs' architectures when ``TORCH_CUDA_ARCH_LIST`` is unset (torch then compiles
+        for those: two GPU models must not share a binary)."""
+        from .toolchain import nvcc_command, visible_cuda_archs
+
+        fp: dict[str, Any] = {"nvcc": self.compiler_identity(nvcc_command())}
+        cpp_ext = sys.modules.get("torch.utils.cpp_extension")
+        if cpp_ext is not None:  # callers edit this list in place; torch reads it at build time
+            fp["common_nvcc_flags"] = [str(f) for f in getattr(cpp_ext, "COMMON_NVCC_FLAGS", ())]
+        if not os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip():
+            fp["visible_archs"] = visible_cuda_archs(self._memo)
+        return fp
+
+    def native_target(self, flags: tuple) -> dict[str, Any]:
+        """What ``-march=native``/``-mtune=native``/``-mcpu=native`` mean on this CPU: the
+        compiler's resolved target options (``-Q --help=target``), memoised per compiler, flags
+        and boot."""
+        from . import toolchain
+
+        native = tuple(f for f in flags if f.endswith("=native"))
+        cxx = os.environ.get("CXX", "c++")
+        return self._once(self._natives, (cxx, native), lambda: toolchain.native_target(
+            cxx, native, self.compiler_identity(cxx), self._memo))
+
+    def flag_tools(self, flags: tuple) -> dict[str, Any]:
+        """The compiler proper, assembler and linker that the driver runs with ``flags``
+        (``-fuse-ld=gold``, ``-B DIR``), each by resolved path, SHA-256 and version: the probed
+        default ones in the base fingerprint are not the ones such a build uses. Memoised per
+        compiler, flags and ``PATH``; re-probed when a found program's file changes."""
+        from . import toolchain
+
+        cxx = os.environ.get("CXX", "c++")
+        return self._once(self._flag_tools, (cxx, flags), lambda: toolchain.flag_tools(
+            cxx, flags, self.compiler_identity(cxx), self._memo))

@@ -1,0 +1,642 @@
+"""Probing the toolchain for the fingerprint: torch's version and C++ ABI, the compiler behind
+``CXX`` (through any wrapper) with its assembler and linker, what ``-march=native`` means here,
+the tools ``-fuse-ld=``/``-B`` select, the visible GPUs' architectures.
+
+Each probe is slow (a subprocess, a scan of libc10) and deterministic, so its result is memoised
+on disk under the cache's ``state/`` (:func:`memo`). Only a :class:`~stubcache.key.fingerprint.Fingerprint`
+whose whole-fingerprint memo misses imports this module: a hit never does.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ..edge._digest import sha256
+from .fingerprint import _load_json, _sig, _write_json, which
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from typing import Any, Callable
+
+
+_VERSION_LINE = r"^(__version__|cuda|hip|git_version|debug)\s*(?::[^=]*)?=\s*(.+?)\s*$"
+
+
+def torch_facts(tdir: str | None, memo: Callable) -> dict[str, Any]:
+    if tdir is None:
+        return {"version": None}
+    import re
+
+    facts: dict[str, Any] = {}
+    try:
+        with open(os.path.join(tdir, "version.py"), encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError:
+        text = ""
+    for field, raw in re.findall(_VERSION_LINE, text, re.M):
+        raw = raw.strip()
+        value: Any = raw
+        if raw == "None":
+            value = None
+        elif raw in ("True", "False"):
+            value = raw == "True"
+        elif raw[:1] in "'\"" and raw[-1:] == raw[:1]:
+            value = raw[1:-1]
+        facts["version" if field == "__version__" else field] = value
+    facts.setdefault("version", None)
+    facts["cxx11_abi"] = _cxx11_abi(tdir, memo)
+    return facts
+
+
+def _cxx11_abi(tdir: str, memo: Callable) -> int | None:
+    """torch's ``_GLIBCXX_USE_CXX11_ABI``, read from libc10's symbols and remembered on disk."""
+    torch_mod = sys.modules.get("torch")
+    if torch_mod is not None and hasattr(torch_mod, "_C"):
+        return int(bool(getattr(torch_mod._C, "_GLIBCXX_USE_CXX11_ABI", True)))
+    lib = os.path.join(tdir, "lib", "libc10.so")
+    try:
+        st = os.stat(lib)
+    except OSError:
+        return None
+    memo_key = f"abi:{lib}:{st.st_size}:{st.st_mtime_ns}"
+
+    def compute() -> dict:
+        with open(lib, "rb") as fh:
+            data = fh.read()
+        return {"abi": 1 if b"__cxx11" in data else 0}
+
+    return memo(memo_key, compute).get("abi")
+
+
+def _read_memo(path: str, memo_key: str):
+    try:
+        data = _load_json(path)
+        if data.get("memo_key") == memo_key:
+            return data["value"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    return None
+
+
+MEMO_LOCK_WAIT = 90.0  # seconds; longer than the probe's own 60 s timeout
+
+
+def _memo_wait() -> float:
+    """The memo lock's bound: ``STUBCACHE_LOCK_TIMEOUT`` when smaller than ``MEMO_LOCK_WAIT``
+    (a group member holding the lock costs at most that, then we compute it ourselves)."""
+    from ..storage.locking import lock_timeout_from_env
+
+    try:
+        return min(MEMO_LOCK_WAIT, lock_timeout_from_env())
+    except ValueError:
+        return MEMO_LOCK_WAIT
+
+
+def memo(state_dir: str | None, memo_key: str, compute, valid=None, read_only: bool = False) -> dict:
+    """A tiny on-disk memo for expensive, deterministic toolchain facts (``read_only``: use one
+    that is there, write none).
+
+    On a miss, one process computes under a ``flock`` on ``<memo>.lock`` while the others wait
+    and read its result: a herd starting on a cold host runs ``c++ --version`` once, not N times.
+    """
+    name = sha256(memo_key.encode()).hexdigest()[:32] + ".json"
+    path = os.path.join(state_dir, name) if state_dir else None
+    if path is None:
+        return compute()
+    value = _read_memo(path, memo_key)
+    if value is not None and (valid is None or valid(value)):
+        return value
+    if read_only:
+        return _host_answer(memo_key, compute, valid, keep=False)
+    from ..edge import fsroot
+    from ..storage import locking
+
+    try:
+        with fsroot.Dir(state_dir) as sfd:
+            # A group-writable (shared) state directory gets a group-usable lock file.
+            lock_fd = locking.open_lock_at(sfd, name + ".lock", shared=bool(os.fstat(sfd).st_mode & 0o020))
+    except OSError:
+        lock_fd = -1  # read-only root or another user's lock file: compute without sharing
+    try:
+        if lock_fd >= 0 and locking.wait_flock(lock_fd, locking.EX, _memo_wait()):
+            value = _read_memo(path, memo_key)
+            if value is not None and (valid is None or valid(value)):
+                return value
+        elif lock_fd >= 0:
+            from ..edge import log
+
+            log.warning("stubcache: the toolchain memo lock %s.lock is held by %s past %.0fs; probing "
+                         "without it", path, locking.describe_holders(lock_fd), _memo_wait())
+        value = _host_answer(memo_key, compute, valid)
+        _write_json(path, {"memo_key": memo_key, "value": value})
+        return value
+    finally:
+        if lock_fd >= 0:
+            os.close(lock_fd)
+
+
+def _host_answer(memo_key: str, compute, valid=None, keep: bool = True):
+    """The answer this user's probe memo keeps for ``memo_key`` (:mod:`stubcache.key.probememo`), if
+    it is still valid; else ``compute()``, kept there for the next root (unless not ``keep``)."""
+    from . import probememo
+
+    value = probememo.read(memo_key)
+    try:
+        if value is not None and (valid is None or valid(value)):
+            return value
+    except (TypeError, ValueError, AttributeError, KeyError):
+        pass  # not an answer a probe gives: probe again
+    value = compute()
+    if keep:
+        probememo.write(memo_key, value)
+    return value
+
+
+def compiler_identity(command: str, memo: Callable) -> dict[str, Any]:
+    """See :meth:`Fingerprint.compiler_identity` (``memo``: its on-disk memo)."""
+    import shlex
+
+    try:
+        words = shlex.split(command) or [command]
+    except ValueError:
+        words = [command]
+    found = which(words[0])
+    if found is None:
+        ident: dict[str, Any] = {"command": command, "path": None, "version": None}
+    else:
+        path = os.path.realpath(found)
+        st = os.stat(path)
+        driver = wrapped_driver(words, found)
+        dsig = _sig(driver) if driver else None
+        # A wrapper finds the real compiler on PATH, so PATH is part of what this memo means.
+        # The program is named by its inode and change time too: the answer is kept per user
+        # across roots (probememo), and a program replaced by one of the same size and mtime
+        # (`cp -p`, `touch -r`, an `mv` over it) must be probed again.
+        memo_key = (f"cc4:{command}:{found}:{path}:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:"
+                    f"{st.st_ctime_ns}:{os.environ.get('PATH', '')}:"
+                    f"{driver and os.path.realpath(driver)}:{dsig}:{_tool_env()}")
+        wrapper = is_wrapper(found)
+        if wrapper:  # its settings choose the compiler it runs (CCACHE_COMPILER, ccache.conf, a prefix)
+            memo_key += f":{wrapper_config()}"
+
+        def compute() -> dict:
+            value = _probe_compiler([found, *words[1:]])
+            # The program named by CXX itself: a script in front of the compiler may add flags.
+            value["sha256"] = _file_sha256(path)
+            tool = _tool(driver) if driver else None
+            if tool:
+                value["real"]["driver"] = tool
+                value["validators"].append([tool["path"], _sig(driver)])
+            if wrapper:
+                # A prefix command (CCACHE_PREFIX, prefix_command) runs in front of the compiler
+                # and may add flags: identified by content, like a script named by CXX.
+                prefixes = [{"path": p, "sha256": _file_sha256(p)} for p in wrapper_prefixes()]
+                if prefixes:
+                    value["real"]["wrapper_prefix"] = prefixes
+                    value["validators"] += [[p["path"], _sig(p["path"])] for p in prefixes]
+            return value
+
+        value = memo(memo_key, compute, valid=_compiler_answer_holds)
+        ident = {"command": command, "path": path, "sha256": value.get("sha256"), "version": value["version"],
+                 "real": value.get("real")}
+    return ident
+
+
+# Variables that change which programs the driver runs (or with what options), so what a
+# compiler probe found holds only for their values.
+TOOL_ENV_VARS = ("COMPILER_PATH", "GCC_EXEC_PREFIX", "CCC_OVERRIDE_OPTIONS")
+
+
+def _tool_env() -> list:
+    return [os.environ.get(v) for v in TOOL_ENV_VARS]
+
+
+WRAPPERS = ("ccache", "sccache", "buildcache")
+WRAPPER_ENV_PREFIXES = ("CCACHE_", "SCCACHE_", "BUILDCACHE_")
+
+
+def is_wrapper(found: str) -> bool:
+    """Whether the program ``found`` on ``PATH`` is a known compiler cache (or a masquerade link to one)."""
+    return os.path.basename(os.path.realpath(found)) in WRAPPERS
+
+
+def wrapper_config_files() -> list[str]:
+    """The files a compiler cache reads its settings from (ccache: ``CCACHE_CONFIGPATH``, else
+    ``$CCACHE_DIR/ccache.conf``, ``~/.ccache/ccache.conf`` or the XDG one, and the system-wide
+    file; sccache's and buildcache's config), whether or not they exist now."""
+    env = os.environ
+    home = os.path.expanduser("~")
+    xdg = env.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
+    out = [env.get("CCACHE_CONFIGPATH"), env.get("CCACHE_DIR") and os.path.join(env["CCACHE_DIR"], "ccache.conf"),
+           os.path.join(home, ".ccache", "ccache.conf"), os.path.join(xdg, "ccache", "ccache.conf"),
+           "/etc/ccache.conf", "/usr/local/etc/ccache.conf",
+           env.get("SCCACHE_CONF"), os.path.join(xdg, "sccache", "config"),
+           env.get("BUILDCACHE_DIR") and os.path.join(env["BUILDCACHE_DIR"], "config.json"),
+           os.path.join(home, ".buildcache", "config.json")]
+    return list(dict.fromkeys(p for p in out if p))
+
+
+def wrapper_config() -> list:
+    """What a compiler cache reads to choose and run the compiler: its environment variables
+    and its config files (by stat signature, absent ones too): the probe memo's validity."""
+    env = sorted((k, v) for k, v in os.environ.items() if k.startswith(WRAPPER_ENV_PREFIXES))
+    return [env, [[f, _sig(f)] for f in wrapper_config_files()]]
+
+
+def _ccache_setting(name: str, env_name: str) -> str | None:
+    """A ccache setting: the variable ``env_name``, else ``name = value`` in its config files."""
+    value = os.environ.get(env_name)
+    if value is not None:
+        return value
+    for path in wrapper_config_files():
+        if os.path.basename(path) != "ccache.conf":
+            continue
+        try:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    key, eq, val = line.partition("=")
+                    if eq and key.strip() == name:
+                        return val.strip()
+        except OSError:
+            continue
+    return None
+
+
+def wrapper_prefixes() -> list[str]:
+    """The programs ccache runs in front of the compiler (``CCACHE_PREFIX``/``prefix_command``,
+    ``CCACHE_PREFIX_CPP``/``prefix_command_cpp``: lists of words), resolved."""
+    import shlex
+
+    out = []
+    for name, env_name in (("prefix_command", "CCACHE_PREFIX"), ("prefix_command_cpp", "CCACHE_PREFIX_CPP")):
+        try:
+            words = shlex.split(_ccache_setting(name, env_name) or "")
+        except ValueError:
+            words = []
+        for w in words:
+            found = which(w)
+            if found and os.path.realpath(found) not in out:
+                out.append(os.path.realpath(found))
+    return out
+
+
+def wrapped_driver(words: list[str], found: str) -> str | None:
+    """The compiler a known wrapper will run, found the way the wrapper finds it: ccache's
+    ``compiler`` setting (``CCACHE_COMPILER``, ``compiler =`` in ccache.conf), else the next word
+    of ``CXX="ccache g++"``, or for a masquerade link (``/usr/lib/ccache/c++``) the first
+    program of that name on ``PATH`` that is not the wrapper itself."""
+    if not is_wrapper(found):
+        return None
+    if os.path.basename(os.path.realpath(found)) == "ccache":
+        forced = _ccache_setting("compiler", "CCACHE_COMPILER")
+        if forced and forced != "auto":
+            return which(forced)
+    if len(words) > 1:
+        return which(words[1])
+    name = os.path.basename(found)
+    for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        cand = os.path.join(d or ".", name)
+        if (os.path.isfile(cand) and os.access(cand, os.X_OK)
+                and os.path.basename(os.path.realpath(cand)) not in WRAPPERS):
+            return cand
+    return None
+
+
+def _run_text(cmd: list[str]) -> str:
+    return _run_all([cmd])[0]
+
+
+def _run_all(cmds: list[list[str]], env: dict | None = None) -> list[str]:
+    """Run commands concurrently; each one's stdout+stderr text (``<failed: …>`` if it could not
+    run). A cold host probes its compiler once; running the probes side by side keeps that short."""
+    import subprocess
+
+    procs: list = []
+    for cmd in cmds:
+        try:
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, env=env))
+        except OSError as exc:
+            procs.append(f"<failed: {exc}>")
+    out = []
+    for p in procs:
+        if isinstance(p, str):
+            out.append(p)
+            continue
+        try:
+            out.append(p.communicate(timeout=60)[0].decode("utf-8", "surrogateescape"))  # paths are bytes
+        except subprocess.TimeoutExpired as exc:
+            p.kill()
+            p.communicate()
+            out.append(f"<failed: {exc}>")
+    return out
+
+
+def _file_sha256(path: str) -> str | None:
+    try:
+        h = sha256(large=True)  # compiler binaries: megabytes
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        return h.hexdigest()
+    except OSError:
+        return None
+
+
+def _resolve_tool(path: str | None) -> str | None:
+    if not path or path.startswith("<failed"):
+        return None
+    if os.sep not in path:
+        path = which(path)
+    return os.path.realpath(path) if path else None
+
+
+def _tool(path: str) -> dict | None:
+    """A program by resolved path, SHA-256 and first line of ``--version``."""
+    real = _resolve_tool(path)
+    if real is None:
+        return None
+    lines = _run_text([real, "--version"]).strip().splitlines()
+    return {"path": real, "sha256": _file_sha256(real), "version": lines[0] if lines else ""}
+
+
+def _probe_compiler(cmd: list[str]) -> dict:
+    """Run the driver (through whatever wraps it) to learn which programs it really runs."""
+    import shlex
+    import threading
+
+    from .inputs import OWN_DIR_PROBES, compiler_dirs_from, parse_search_path
+
+    # The default search list, without the include-path variables (they are user directories).
+    plain_env = {k: v for k, v in os.environ.items() if k not in ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH")}
+    version, trace, as_name, ld_name, defaults, *own = _run_all(
+        [[*cmd, "--version"], [*cmd, "-###", "-x", "c++", "-c", os.devnull, "-o", os.devnull],
+         [*cmd, "-print-prog-name=as"], [*cmd, "-print-prog-name=ld"],
+         [*cmd, "-x", "c++", "-E", "-v", os.devnull, "-o", os.devnull]]
+        + [[*cmd, probe] for probe in OWN_DIR_PROBES], env=plain_env)
+    cc1 = None
+    for line in trace.splitlines():
+        if line.startswith(" ") and "-###" not in line:
+            try:
+                first = shlex.split(line)[0]
+            except (ValueError, IndexError):
+                continue
+            if os.path.isabs(first):
+                cc1 = os.path.realpath(first)
+                break
+    as_path, ld_path = _resolve_tool(as_name.strip()), _resolve_tool(ld_name.strip())
+    # The three binaries are hashed on threads (hashlib releases the GIL) while the assembler
+    # and linker report their versions.
+    tools = [t for t in (cc1, as_path, ld_path) if t]
+    sums: dict[str, str | None] = {}
+    threads = [threading.Thread(target=lambda t=t: sums.__setitem__(t, _file_sha256(t))) for t in tools]
+    for t in threads:
+        t.start()
+    runs = [[as_path, "--version"]] if as_path else []
+    runs += [[ld_path, "--version"], [ld_path, "--help"]] if ld_path else []
+    texts = _run_all(runs)
+    for t in threads:
+        t.join()
+    real: dict[str, Any] = {}
+    if cc1:
+        real["cc1"] = {"path": cc1, "sha256": sums.get(cc1)}  # cc1plus has no --version of its own
+    for line in trace.splitlines():
+        if " version " in line and not line.startswith(" "):
+            real["driver_version"] = line.strip()
+            break
+
+    def first_line(text: str) -> str:
+        lines = text.strip().splitlines()
+        return lines[0] if lines else ""
+
+    real["as"] = {"path": as_path, "sha256": sums.get(as_path), "version": first_line(texts.pop(0))} if as_path else None
+    real["ld"] = None
+    real["ld_depfile"] = False
+    if ld_path:
+        real["ld"] = {"path": ld_path, "sha256": sums.get(ld_path), "version": first_line(texts[0])}
+        real["ld_depfile"] = "--dependency-file" in texts[1]
+    # The compiler's own directories: their files are pinned by its version (see inputs.py).
+    real["own_dirs"] = compiler_dirs_from(own)
+    # Its C++ standard library headers (libstdc++'s /usr/include/c++/<v>, libc++'s
+    # include/c++/v1): default search directories with a c++ component.
+    real["stdlib_dirs"] = [d for d in parse_search_path(defaults).dirs if "/c++/" in d + "/"]
+    validators = []
+    for tool in real.values():
+        if isinstance(tool, dict) and tool.get("path"):
+            validators.append([tool["path"], _sig(tool["path"])])
+    return {"version": version.strip(), "real": real, "validators": validators}
+
+
+def _compiler_answer_holds(value: dict) -> bool:
+    """A compiler probe's kept answer still holds: it has the shape :func:`compiler_identity`
+    reads (a memo file of the user's own may still be damaged) and its tools are unchanged."""
+    return (isinstance(value, dict) and "version" in value and isinstance(value.get("real"), dict)
+            and isinstance(value.get("validators"), list) and _real_tools_unchanged(value))
+
+
+def _real_tools_unchanged(value: dict) -> bool:
+    try:
+        return all(_sig(p) == sig for p, sig in value.get("validators", []))
+    except (TypeError, ValueError):
+        return False
+
+
+def _boot_id() -> str:
+    """This boot's id, for memos that hold only until a reboot; without one, this process's pid
+    (the memo then holds for this process only)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            return fh.read().strip()
+    except OSError:
+        return str(os.getpid())
+
+
+def native_target(cxx: str, native: tuple, ident: dict, memo: Callable) -> dict[str, Any]:
+    """See :meth:`Fingerprint.native_target`."""
+    memo_key = f"native:{ident.get('path')}:{ident.get('version')}:{native}:{_boot_id()}"
+
+    def compute() -> dict:
+        import shlex
+
+        words = shlex.split(cxx) or [cxx]
+        out = _run_text([*words, *native, "-Q", "--help=target"])
+        resolved = sorted({ln.split()[0].rstrip("=") + "=" + ln.split()[-1] for ln in out.splitlines()
+                           if ln.strip().startswith("-m") and len(ln.split()) >= 2})
+        march = [r for r in resolved if r.startswith(("-march=", "-mtune=", "-mcpu="))]
+        if not march:  # clang has no -Q --help=target: its driver names the CPU and features in -###
+            resolved = _cc1_target([*words, *native, "-###", "-x", "c++", "-c", os.devnull, "-o", os.devnull])
+            march = [r for r in resolved if r.startswith(("-target-cpu=", "-tune-cpu="))]
+        return {"flags": list(native), "target": march,
+                "options_sha256": sha256("\n".join(resolved).encode()).hexdigest()}
+
+    return memo(memo_key, compute)
+
+
+def _cc1_target(cmd: list[str]) -> list[str]:
+    """The target a clang driver resolved (``-target-cpu``, ``-tune-cpu``, every
+    ``-target-feature``) from its ``-###`` line for the compiler proper, as ``-opt=value``."""
+    import shlex
+
+    for line in _run_text(cmd).splitlines():
+        if '"-cc1"' not in line:
+            continue
+        try:
+            words = shlex.split(line)
+        except ValueError:
+            return []
+        pairs = zip(words, words[1:])
+        return sorted({f"{a}={b}" for a, b in pairs if a in ("-target-cpu", "-tune-cpu", "-target-feature")})
+    return []
+
+
+def _clang_linker(output: str) -> str | None:
+    """The program of the link line in a clang driver's ``-###`` output (its last command line
+    that is not a ``-cc1`` one), or ``None``."""
+    import shlex
+
+    found = None
+    for line in output.splitlines():
+        if not line.startswith(' "') or '"-cc1' in line:
+            continue
+        try:
+            words = shlex.split(line)
+        except ValueError:
+            continue
+        if words:
+            found = words[0]
+    return found
+
+
+def flag_tools(cxx: str, flags: tuple, ident: dict, memo: Callable) -> dict[str, Any]:
+    """See :meth:`Fingerprint.flag_tools`."""
+    memo_key = (f"tools2:{ident.get('path')}:{ident.get('version')}:{flags}:{os.environ.get('PATH', '')}:"
+                f"{_tool_env()}")
+
+    def compute() -> dict:
+        import shlex
+
+        words = shlex.split(cxx) or [cxx]
+        cmds = [[*words, *flags, f"-print-prog-name={prog}"] for prog in ("cc1plus", "as", "ld")]
+        clang = "clang" in str(ident.get("version") or "").lower()
+        if clang:
+            # clang answers -print-prog-name=ld without -fuse-ld= and -B (gcc's driver heeds
+            # them): the linker it would run is the program of its -### link line.
+            cmds.append([*words, *flags, "-###", "-shared", "-x", "none", os.devnull, "-o", os.devnull])
+        names = _run_all(cmds)
+        linker = _clang_linker(names.pop()) if clang else None
+        if linker:
+            names[2] = linker
+        value: dict[str, Any] = {"flags": list(flags), "validators": []}
+        for prog, name in zip(("cc1plus", "as", "ld"), names):
+            tool = _tool(name.strip())
+            value[prog] = tool
+            if tool:
+                value["validators"].append([tool["path"], _sig(tool["path"])])
+        return value
+
+    value = memo(memo_key, compute, valid=_real_tools_unchanged)
+    return {k: v for k, v in value.items() if k != "validators"}
+
+
+def libc() -> str:
+    try:
+        return os.confstr("CS_GNU_LIBC_VERSION") or "unknown"
+    except (ValueError, OSError, AttributeError):
+        return "unknown"
+
+
+def validators(fp: dict, env: dict, tdir: str | None) -> list:
+    paths = []
+    # The import path up to torch's directory: installing a torch earlier on it changes one of
+    # these directories' mtimes.
+    parent = os.path.dirname(tdir) if tdir else None
+    for entry in sys.path:
+        paths.append(os.path.abspath(entry or "."))
+        if parent and os.path.abspath(entry or ".") == parent:
+            break
+    if tdir:
+        paths += [os.path.join(tdir, "version.py"), os.path.join(tdir, "lib", "libc10.so")]
+    words = env.get("CXX", "c++").split() or ["c++"]
+    command = words[0]
+    found = which(command)
+    driver = wrapped_driver(words, found) if found else None
+    if found and (os.sep not in command or driver):
+        for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
+            paths.append(d or ".")
+            if os.path.dirname(found) == (d or ".") and not driver:
+                break  # behind a wrapper every PATH directory matters: it searches them all
+    if found:
+        paths += [found, fp["cxx"]["path"] or found]
+    if driver:
+        paths.append(driver)
+    if found and is_wrapper(found):  # its settings choose the compiler it runs
+        paths += wrapper_config_files() + wrapper_prefixes()
+    for tool in (fp["cxx"].get("real") or {}).values():
+        if isinstance(tool, dict) and tool.get("path"):
+            paths.append(tool["path"])  # the compiler behind a wrapper, its assembler and linker
+    return [[p, _sig(p)] for p in paths]
+
+
+def python_facts() -> dict[str, Any]:
+    import importlib.machinery
+
+    return {
+        "version": "%d.%d.%d" % sys.version_info[:3],
+        "implementation": sys.implementation.cache_tag,
+        "abiflags": getattr(sys, "abiflags", ""),
+        "ext_suffix": importlib.machinery.EXTENSION_SUFFIXES[0],
+    }
+
+
+def nvcc_command() -> str:
+    """The nvcc that torch would use."""
+    nvcc = os.environ.get("PYTORCH_NVCC")
+    if not nvcc:
+        home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+        if home:
+            nvcc = os.path.join(home, "bin", "nvcc")
+        else:
+            nvcc = which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    return nvcc
+
+
+def visible_cuda_archs(memo: Callable) -> list[str] | None:
+    """Compute capabilities (``"9.0"``) of the GPUs this process sees, as torch's
+    ``_get_cuda_arch_flags`` would list them; memoised per boot, GPU set and
+    ``CUDA_VISIBLE_DEVICES`` (asking the driver costs a ``cuInit``)."""
+    try:
+        gpus = sorted(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        gpus = []
+    memo_key = f"cudaarch:{_boot_id()}:{gpus}:{os.environ.get('CUDA_VISIBLE_DEVICES')}"
+
+    def compute() -> dict:
+        return {"archs": _query_cuda_archs()}
+
+    return memo(memo_key, compute).get("archs")
+
+
+def _query_cuda_archs() -> list[str] | None:
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    count = ctypes.c_int(0)
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return None
+    out = set()
+    for i in range(count.value):
+        dev, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+        if cuda.cuDeviceGet(ctypes.byref(dev), i) != 0:
+            return None
+        # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75, _MINOR = 76
+        if (cuda.cuDeviceGetAttribute(ctypes.byref(major), 75, dev) != 0
+                or cuda.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev) != 0):
+            return None
+        out.add(f"{major.value}.{minor.value}")
+    return sorted(out)
+
+

@@ -1,0 +1,586 @@
+"""The build-time half of input tracking (see :mod:`stubcache.key.inputs` for what is tracked and
+how a lookup checks it): the compiler's include search order, the dependency lists the compiler
+and the linker write, and :func:`track`, which turns them into the record a manifest keeps.
+
+Only builds import this module (through :mod:`stubcache.build.buildinputs`, or ``inputs.<name>``, which
+forwards here); a hit never does.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..edge import kpath
+from .inputs import _dir_sig, _recordable, signature, slack_ns
+from ..storage.store import file_sha256
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    import subprocess
+    from typing import Iterable
+
+
+class SearchPath:
+    """The compiler's include search order for one command line, as it reports it (``-v``)."""
+
+    __slots__ = ("dirs", "missing", "cc1", "driver_version")
+
+    def __init__(self, dirs: list[str], missing: list[str], cc1: str | None = None,
+                 driver_version: str | None = None) -> None:
+        self.dirs = dirs  # quote-only dirs, then the <...> dirs, in search order
+        self.missing = missing  # dirs the compiler ignored (nonexistent or duplicate): they may count later
+        # Who answered, through whatever wraps CXX: the compiler proper it ran and the driver's
+        # version line (compared with the fingerprint's record of the real compiler).
+        self.cc1 = cc1
+        self.driver_version = driver_version
+
+
+def start_search_path(cmd: list[str], cwd: str | None = None) -> "subprocess.Popen":
+    """Start the compiler ``cmd`` (with all include-affecting flags) reporting its search order."""
+    import subprocess
+
+    return subprocess.Popen([*cmd, "-x", "c++", "-E", "-v", os.devnull, "-o", os.devnull],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd)
+
+
+def finish_search_path(proc: "subprocess.Popen") -> SearchPath:
+    """Parse what :func:`start_search_path` printed."""
+    import subprocess
+
+    try:
+        out, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    return parse_search_path(out.decode("utf-8", "surrogateescape"))  # directory names are bytes
+
+
+def search_path(cmd: list[str], cwd: str | None = None) -> SearchPath:
+    """Ask the compiler ``cmd`` for its search order and wait for the answer."""
+    return finish_search_path(start_search_path(cmd, cwd))
+
+
+def parse_search_path(text: str) -> SearchPath:
+    """The directories in a compiler's ``-v`` output, in search order."""
+    dirs: list[str] = []
+    missing: list[str] = []
+    inside = False
+    started = False  # the search list (or the notes before it) began: no command lines after
+    cc1 = version = None
+    for line in text.splitlines():
+        if not started and line.startswith(" ") and cc1 is None:
+            import shlex
+
+            try:
+                first = shlex.split(line)[0]
+            except (ValueError, IndexError):
+                first = ""
+            if os.path.isabs(first):
+                cc1 = os.path.realpath(first)
+        elif not started and version is None and " version " in line and not line.startswith(" "):
+            version = line.strip()
+        if line.startswith(("ignoring ", "#include ")):
+            started = True
+        if line.startswith(("ignoring nonexistent directory", "ignoring duplicate directory")):
+            # A duplicate (same inode as a directory searched) is searched again once a symlink
+            # in its spelling is re-pointed: like a missing one, its candidates are recorded.
+            missing.append(kpath.tidy(line.split('"')[1] if '"' in line else line.split()[-1]))
+        elif line.startswith("#include ") and "search starts here" in line:
+            inside = True
+        elif line.startswith("End of search list"):
+            inside = False
+        elif inside and line.startswith(" "):
+            d = line.strip()
+            if d.endswith(" (framework directory)"):
+                continue
+            dirs.append(kpath.tidy(d))  # as given: `link/..` is where the link points, then up
+    return SearchPath(dirs, missing, cc1, version)
+
+
+OWN_DIR_PROBES = ("-print-file-name=include", "-print-libgcc-file-name")
+
+
+def compiler_dirs(cmd: list[str]) -> list[str]:
+    """The compiler's own directory (gcc's ``lib/gcc/<target>/<version>``, clang's resource dir)."""
+    import subprocess
+
+    outs = []
+    for probe in OWN_DIR_PROBES:
+        try:
+            outs.append(subprocess.run([*cmd, probe], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                       check=False, timeout=60).stdout.decode("utf-8", "surrogateescape"))
+        except (OSError, subprocess.SubprocessError):
+            outs.append("")
+    return compiler_dirs_from(outs)
+
+
+def compiler_dirs_from(outputs: list[str]) -> list[str]:
+    """:func:`compiler_dirs` from the outputs of the :data:`OWN_DIR_PROBES`, in order."""
+    out: list[str] = []
+    for probe, text in zip(OWN_DIR_PROBES, outputs):
+        p = text.strip()
+        if os.path.isabs(p) and os.path.exists(p):
+            d = os.path.dirname(os.path.realpath(p))
+            if probe.endswith("libgcc-file-name") and "/clang/" in d:
+                d = os.path.dirname(os.path.dirname(d))  # <resource>/lib/linux -> <resource>
+            if d not in out:
+                out.append(d)
+    return out
+
+
+def pinned_prefixes(own_dirs: list[str], torch_dir: str | None, python_include: str | None) -> list[str]:
+    """Resolved directories whose contents the fingerprint pins (see the module docstring):
+    ``own_dirs`` are the compiler's own directories and its C++ standard library's default
+    header directories (probed with its identity), then torch's and Python's."""
+    roots = list(own_dirs)
+    if torch_dir:
+        roots += [os.path.join(torch_dir, "include"), os.path.join(torch_dir, "lib")]
+    if python_include:
+        roots.append(python_include)
+    out = []
+    for r in roots:
+        for form in (os.path.realpath(r), kpath.tidy(r)):
+            form = form.rstrip("/") + "/"
+            if form not in out:
+                out.append(form)
+    return out
+
+
+def is_pinned(path: str, pinned: list[str]) -> bool:
+    """Whether ``path`` (as the compiler named it) is a file whose contents the fingerprint pins:
+    the file it resolves to lies under a pinned prefix, and so does the path as named. A symlink
+    from a user directory into a pinned one is not pinned: the link may be pointed elsewhere
+    later. A path with ``..`` steps (clang names ``<gcc dir>/../../../../include/c++/12``) is
+    pinned when its resolved form is and no step before the last ``..`` is a symlink outside a
+    pinned directory: the kernel resolves ``..`` from where such a link points, not on paper."""
+    real = os.path.realpath(path).rstrip("/") + "/"  # a directory matches its own prefix
+    if not any(real.startswith(p) for p in pinned):
+        return False
+    lexical = kpath.tidy(path).rstrip("/") + "/"
+    if not kpath.has_dotdot(lexical):
+        return any(lexical.startswith(p) for p in pinned)
+    parts = lexical.strip("/").split("/")
+    last = len(parts) - 1 - parts[::-1].index("..")
+    prefix = ""
+    for part in parts[:last]:
+        prefix += "/" + part
+        if part != ".." and os.path.islink(prefix):
+            where = os.path.realpath(os.path.dirname(prefix)).rstrip("/") + "/"
+            if not any(where.startswith(p) for p in pinned):
+                return False
+    return True
+
+
+# What a dependency file cannot say: a name holding a line break, or ending in a backslash
+# (gcc writes ``a\ b`` both for a name "a\" followed by the separator and for "a b"). Such a build is never published:
+# the file the compiler read cannot be named, so it cannot be tracked.
+UNEXPRESSED = "<a file whose name the dependency output cannot express>"
+
+
+def parse_depfile(path: str) -> list[str]:
+    """The prerequisites named in a dependency file: make syntax as gcc and GNU as write it
+    (``\\ `` and ``\\#`` escapes, ``$$``, backslash-newline continuations), or the one-name-a-line
+    layout that ld (raw names) and lld (make escapes) write with ``--dependency-file``. A name the
+    file cannot express unambiguously comes back as :data:`UNEXPRESSED`."""
+    try:
+        with open(path, "rb") as fh:
+            text = fh.read().decode("utf-8", "surrogateescape")  # names are bytes: keep them
+    except OSError:
+        return []
+    if not text:
+        return []
+    if "\n\n" in text and _is_linker_layout(text):
+        return _parse_linker_depfile(text, os.path.dirname(path))
+    return _parse_make_depfile(text)
+
+
+def _first_line(text: str) -> str:
+    return text.split("\n", 1)[0]
+
+
+def _is_linker_layout(text: str) -> bool:
+    """ld's and lld's layout: ``target:`` then `` \\\n  name`` per input, a blank line, phonies."""
+    return _first_line(text).endswith(": \\") and text.split("\n", 2)[1].startswith("  ")
+
+
+def _parse_linker_depfile(text: str, base: str) -> list[str]:
+    head, _, rest = text.partition(": \\\n  ")
+    block, sep, phonies = ("  " + rest).partition("\n\n")
+    names = block[2:].split(" \\\n  ")
+    # Each input again as a phony target: the two lists agree unless a name held a line break.
+    if not sep or "\n" + phonies != "".join(f"\n{n}:\n" for n in names) or any("\n" in n for n in names):
+        return [UNEXPRESSED]
+    out = []
+    for raw in names:
+        escaped = _make_words(raw)
+        cooked = escaped[0] if len(escaped) == 1 else None
+        if cooked is None or cooked == raw:
+            out.append(raw)  # ld writes names as they are
+            continue
+        # lld escapes like make, ld.bfd does not: the spelling that names an existing file.
+        there = [n for n in (raw, cooked) if os.path.lexists(os.path.join(base, n))]
+        out.append(there[0] if len(there) == 1 else UNEXPRESSED)
+    return out
+
+
+def _parse_make_depfile(text: str) -> list[str]:
+    # gcc writes one rule; a line break inside a name shows as a second line that is no rule.
+    joined = text.replace("\\\n", " ")
+    lines = [ln for ln in joined.split("\n") if ln.strip()]
+    out: list[str] = []
+    for line in lines:
+        target, colon, rest = line.partition(": ")
+        if not colon:
+            if line.endswith(":") and len(lines) > 1:
+                continue  # a phony target (-MP)
+            return [UNEXPRESSED]
+        words = _make_words(rest)
+        if words is None:
+            return [UNEXPRESSED]
+        out += words
+    return out
+
+
+def _make_words(text: str) -> list[str] | None:
+    """Split make prerequisites, undoing gcc's escapes (see libcpp's ``munge``): 2N+1
+    backslashes and a blank are N backslashes and the blank, 2N and a blank end a word after N;
+    ``\\#`` is ``#``; ``$$`` is ``$``; any other backslash is itself. None where a name ends in a
+    backslash (gcc leaves it undoubled: ambiguous)."""
+    out: list[str] = []
+    token: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "\\":
+            j = i
+            while j < n and text[j] == "\\":
+                j += 1
+            run = j - i
+            nxt = text[j] if j < n else ""
+            if nxt in (" ", "\t"):
+                token.append("\\" * (run // 2))
+                if run % 2:
+                    token.append(nxt)
+                else:
+                    return None  # a name ending in backslashes: what gcc wrote is ambiguous
+                i = j + 1
+                continue
+            if nxt == "#":
+                token.append("\\" * (run - 1) + "#")
+                i = j + 1
+                continue
+            if nxt == "":
+                return None
+            token.append("\\" * run)
+            i = j
+            continue
+        if c == "$" and i + 1 < n and text[i + 1] == "$":
+            token.append("$")
+            i += 2
+            continue
+        if c in " \t":
+            if token:
+                out.append("".join(token))
+                token = []
+        else:
+            token.append(c)
+        i += 1
+    if token:
+        out.append("".join(token))
+    return out
+
+
+class Tracked:
+    """What :func:`track` found: ``files`` ``{path: sha256}`` for the key, ``record`` for the
+    manifest's ``inputs`` field, and ``unstable``: files written while the build ran."""
+
+    __slots__ = ("files", "record", "unstable")
+
+    def __init__(self, files: dict, record: dict, unstable: list[str]) -> None:
+        self.files = files
+        self.record = record
+        self.unstable = unstable
+
+
+_HAS_INCLUDE = None
+_QUOTED = None
+
+
+def has_include_names(texts: Iterable[str]) -> list[str]:
+    """The header names tested by ``__has_include``/``__has_include_next`` in ``texts`` (literal
+    ``"name"`` and ``<name>`` arguments). A name that is absent at build time reads no file, so
+    the dependency output never mentions it; a file appearing under it later flips the test."""
+    global _HAS_INCLUDE, _QUOTED
+    if _HAS_INCLUDE is None:
+        import re
+
+        _HAS_INCLUDE = re.compile(r'__has_include(?:_next)?\s*\(\s*(?:"([^"\n]+)"|<([^>\n]+)>)\s*\)')
+        _QUOTED = re.compile(r'^[ \t]*#[ \t]*include(?:_next)?[ \t]*"([^"\n]+)"', re.M)
+    out: list[str] = []
+    for text in texts:
+        if "__has_include" not in text:
+            continue
+        for quoted, angled in _HAS_INCLUDE.findall(text):
+            name = kpath.tidy(quoted or angled)
+            if name not in out:
+                out.append(name)
+    return out
+
+
+def quoted_include_names(text: str) -> list[str]:
+    """The names of the ``#include "name"`` lines in a header's text."""
+    has_include_names(())  # compiles the patterns
+    return [kpath.tidy(n) for n in _QUOTED.findall(text)] if '"' in text else []
+
+
+def track(deps: Iterable[str], build_dir: str, pinned: list[str], search: SearchPath | None,
+          started_ns: int, probes: Iterable[str] = ()) -> Tracked:
+    """Hash every dependency that is neither the build's own file nor pinned; record the shadow
+    candidates of each header (pinned ones too: a new file in a user directory shadows them as
+    well); flag files changed since ``started_ns`` (the compile's start): their content may not
+    be what the compiler read. ``probes`` are names tested by ``__has_include`` in the sources
+    (those in tracked headers are added here): the file each resolves to now is tracked, and a
+    name found nowhere is recorded as absent in every searched directory."""
+    skip = os.path.realpath(build_dir).rstrip("/") + "/"
+    files: dict[str, str] = {}
+    sigs: dict[str, list] = {}
+    unstable: list[str] = []
+    headers: list[str] = []
+    pinned_headers: list[str] = []
+    beside: dict[str, set] = {}
+    probes = list(probes)
+
+    def add(path: str, probe: bool = False) -> None:
+        if path in files or path in pinned_headers:
+            return
+        if os.path.realpath(path).startswith(skip):
+            return
+        is_header = not path.endswith((".o", ".a", ".so")) and ".so." not in os.path.basename(path)
+        if is_pinned(path, pinned):
+            if is_header:
+                pinned_headers.append(path)
+                # Its contents are pinned, but what it probes for may lie outside (libstdc++'s
+                # __has_include(<tbb/tbb.h>) finds /usr/include or a user directory).
+                for name in has_include_names([_read_text(path)]):
+                    if name not in probes:
+                        probes.append(name)
+            return
+        try:
+            st0 = os.stat(path)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            if not probe and not _driver_temporary(path):
+                unstable.append(path)  # read by the build, gone now
+            return
+        try:
+            digest = file_sha256(fd)
+            st1 = os.fstat(fd)
+        finally:
+            os.close(fd)
+        sig = signature(st1)
+        if signature(st0) != sig or st1.st_ctime_ns >= started_ns - slack_ns(st1.st_ctime_ns):
+            unstable.append(path)
+        files[path] = digest
+        if _recordable(sig) is not None:
+            sigs[path] = sig
+        if is_header:
+            headers.append(path)
+            text = _read_text(path)
+            tested = has_include_names([text])
+            for name in tested:
+                if name not in probes:
+                    probes.append(name)
+            for name in quoted_include_names(text) + tested:
+                # A quoted include looks beside the including file first: a file appearing
+                # there later is found instead of the one the compiler read.
+                beside.setdefault(os.path.dirname(path), set()).add(name)
+
+    for dep in deps:
+        if dep == UNEXPRESSED:
+            unstable.append(dep)  # read by the build, but under a name that cannot be tracked
+            continue
+        # As the compiler named it, never collapsed on paper: `link/../x.h` is the x.h beside
+        # the link's target, which the kernel opens again on every check.
+        add(kpath.tidy(os.path.join(build_dir, dep)))
+    absent_names: list[str] = []
+    for name in probes:  # may grow while headers found here are scanned
+        found = _resolve_probe(name, search)
+        if found is None:
+            absent_names.append(name)
+        else:
+            add(found, probe=True)
+    record: dict = {"sigs": sigs}
+    if search is not None:
+        record["search"] = search.dirs  # the search order, as the compiler named its directories
+        record["shadows"] = shadow_candidates(headers + pinned_headers, search, pinned, absent_names, beside,
+                                              started_ns, unstable)
+    return Tracked(files, record, unstable)
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="surrogateescape") as fh:  # names are bytes
+            return fh.read()
+    except OSError:
+        return ""
+
+
+def _resolve_probe(name: str, search: SearchPath | None) -> str | None:
+    """Where a ``__has_include`` name resolves now (first match in search order), or None."""
+    if os.path.isabs(name):
+        return name if os.path.isfile(name) else None
+    for d in (search.dirs if search is not None else []):
+        cand = os.path.join(d, name)
+        if os.path.isfile(cand):
+            return cand
+    return None
+
+
+def _driver_temporary(path: str) -> bool:
+    """The compiler driver's own temporary object or assembly (``/tmp/ccXXXXXX.o``/``.s``),
+    deleted after use.
+    glibc ignores ``TMPDIR`` in a process whose effective and real ids differ, so it can land
+    outside the build directory."""
+    import re
+
+    return re.fullmatch(r"cc[A-Za-z0-9]{6}\.[os]", os.path.basename(path)) is not None
+
+
+def shadow_candidates(headers: list[str], search: SearchPath, pinned: list[str] = (),
+                      absent_names: list[str] = (), beside: dict | None = None, started_ns: int | None = None,
+                      unstable: list | None = None) -> dict:
+    """``{directory: [dir signature, [names]]}``: for each header found under search directory D
+    as ``rel``, the paths ``E/rel`` for every directory E searched before D (and every directory
+    the compiler skipped as missing), and ``P/name`` for each ``#include "name"`` in a tracked
+    header in directory P (``beside``: a quoted include looks beside the including file first),
+    that do not exist now; for each of ``absent_names`` (a ``__has_include`` that found
+    nothing), that name in every directory.
+    Each candidate is filed under its deepest existing ancestor (whose mtime changes when a name
+    appears in it) as the one name that would have to appear there. Directories under a pinned
+    prefix are left out: their contents are pinned by version like the headers in them."""
+    dirs = search.dirs
+
+    def unpinned(d: str) -> bool:
+        return not is_pinned(d, list(pinned))
+
+    open_dirs = {d for d in dirs + search.missing if unpinned(d)}
+    missing = [d for d in search.missing if d in open_dirs]
+    cands: set[str] = set()
+    for p, names in (beside or {}).items():
+        if unpinned(p):
+            cands.update(n if os.path.isabs(n) else os.path.join(p, n) for n in names)
+    for header in headers:
+        for k, d in enumerate(dirs):
+            if not header.startswith(d.rstrip("/") + "/"):
+                continue
+            rel = header[len(d.rstrip("/")) + 1:]
+            for e in dirs[:k] + missing:
+                if e in open_dirs:
+                    cands.add(os.path.join(e, rel))
+    for name in absent_names:
+        if os.path.isabs(name):
+            cands.add(name)
+            continue
+        for e in dirs + missing:
+            if e in open_dirs:
+                cands.add(os.path.join(e, name))
+    return file_candidates(cands, pinned, None, started_ns, unstable)
+
+
+def file_candidates(cands: Iterable[str], pinned: list[str] = (), out: dict | None = None,
+                    started_ns: int | None = None, unstable: list | None = None) -> dict:
+    """File absolute paths that would change the build if they appeared into ``out``
+    (``{directory: [dir signature, [names]]}``, see :func:`shadow_candidates`). A candidate
+    that exists already is not one; if it appeared after ``started_ns`` (while the build ran:
+    the compiler may have searched before it did) it goes to ``unstable``."""
+
+    def unpinned(d: str) -> bool:
+        return not is_pinned(d, list(pinned))
+
+    out = {} if out is None else out
+    for c in sorted(set(cands)):
+        try:
+            st = os.lstat(c)
+        except OSError:
+            st = None
+        if st is not None:  # present and not chosen (#include_next, or another spelling) ...
+            if (started_ns is not None and unstable is not None
+                    and st.st_ctime_ns >= started_ns - slack_ns(st.st_ctime_ns)):
+                unstable.append(c)  # ... unless it appeared while the compiler searched
+            continue
+        anc = os.path.dirname(c)
+        while not os.path.isdir(anc) and anc not in ("/", ""):
+            anc = os.path.dirname(anc)
+        if not unpinned(anc):
+            continue  # inside a pinned directory (a nested search dir's spelling): pinned too
+        rel = c[len(anc.rstrip("/")) + 1:]  # c lies under anc as spelled (no relpath: it collapses `..`)
+        first = rel.split(os.sep, 1)[0]
+        if not os.path.lexists(os.path.join(anc, first)):
+            rel = first  # nothing under it can appear unless this name does
+        slot = out.get(anc)
+        if slot is None:
+            slot = out[anc] = [_recordable(_dir_sig(anc)), []]
+        if rel not in slot[1]:
+            slot[1].append(rel)
+    return out
+
+
+def files_named_by_flags(flags: Iterable[str]) -> list[str]:
+    """Absolute paths of existing files that flags name (``@RESPONSE`` files and the ones they
+    name, ``-specs=FILE``, ``-fprofile-use=FILE``, ``-fplugin=FILE``, ``-Wl,--version-script,FILE``
+    …): the compiler reads them, but not all of them reach its dependency output. Any flag value
+    that is an absolute path to a regular file counts."""
+    out: list[str] = []
+    todo = list(flags)
+    seen = 0
+    while todo and seen < 1000:  # response files can name each other
+        flag = todo.pop(0)
+        seen += 1
+        words = [flag[1:]] if flag.startswith("@") else []
+        if flag.startswith(("-Wl,", "-Wa,", "-Wp,", "-Xlinker")):
+            words += flag.split(",")[1:]
+        words += [w.split("=", 1)[1] for w in [flag, *words] if "=" in w]
+        words.append(flag)
+        for w in words:
+            w = w[1:] if w.startswith("@") else w
+            if os.path.isabs(w) and w not in out and os.path.isfile(w):
+                out.append(w)
+                if flag.startswith("@") or (w != flag and flag.endswith("@" + w)):
+                    import shlex
+
+                    try:
+                        todo += shlex.split(_read_text(w))
+                    except ValueError:
+                        pass
+    return out
+
+
+def library_candidates(deps: Iterable[str], lib_dirs: Iterable[str], lib_names: Iterable[str],
+                       library_path: str | None) -> list[str]:
+    """Paths where a new file would change what ``-lNAME`` links: for each library the linker
+    read from a directory of the ``-L`` list (``lib_dirs``, given to the driver or through
+    ``-Wl,``, in order; then ``LIBRARY_PATH``), ``libNAME.so`` and ``libNAME.a`` in every
+    directory searched before it, and ``libNAME.so`` beside a chosen ``libNAME.a`` (the linker
+    prefers the shared one in one directory). A library found in a default directory of the
+    linker is shadowed by the whole list. ``lib_names``: the ``NAME`` of each ``-lNAME``."""
+    names = list(lib_names)
+    dirs = [kpath.tidy(d) for d in lib_dirs if os.path.isabs(d)]
+    dirs += [kpath.tidy(d) for d in (library_path or "").split(":") if os.path.isabs(d)]
+    wanted = {}
+    for n in names:
+        files = [n[1:]] if n.startswith(":") else [f"lib{n}.so", f"lib{n}.a"]
+        for f in files:
+            wanted[f] = files
+    out: list[str] = []
+    for dep in deps:
+        base = os.path.basename(dep)
+        files = wanted.get(base)
+        if files is None:
+            continue
+        where = os.path.dirname(kpath.tidy(dep))
+        before = dirs[:dirs.index(where)] if where in dirs else dirs
+        out += [os.path.join(d, f) for d in before for f in files]
+        if base.endswith(".a") and files[0].endswith(".so"):
+            out.append(os.path.join(where, files[0]))
+    return out
