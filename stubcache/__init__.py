@@ -30,13 +30,15 @@ if "-m" in _sys.orig_argv and _sys.orig_argv[_sys.orig_argv.index("-m") + 1:][:1
 _LAZY = {"Entry": "cache.core", "StubCache": "hit.front", "StubSpec": "key.spec", "Manifest": "storage.manifest",
          "__version__": "storage.manifest", "BuildError": "edge.errors", "CacheMissError": "edge.errors",
          "IntegrityError": "edge.errors", "LockTimeoutError": "edge.errors", "StubCacheError": "edge.errors",
-         "TrustError": "edge.errors", "load_inline": "hit.dropinfront", "default_cache": "dropin.compat",
-         "load": "dropin.compat", "patch_torch": "dropin.patch", "unpatch_torch": "dropin.patch"}
+         "TrustError": "edge.errors", "UnsupportedError": "edge.errors", "load_inline": "hit.dropinfront",
+         "default_cache": "dropin.compat", "load": "dropin.compat", "patch_torch": "dropin.patch",
+         "unpatch_torch": "dropin.patch"}
 
 
 def __getattr__(name: str):
     if name not in _LAZY:
         raise AttributeError(f"module 'stubcache' has no attribute {name!r}")
+    # __import__, not importlib.import_module: the same import, but one `python -X importtime` reports
     value = getattr(__import__(f"{__name__}.{_LAZY[name]}", fromlist=[name]), name)
     globals()[name] = value  # later lookups are plain attribute reads
     return value
@@ -48,6 +50,6 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "BuildError", "CacheMissError", "Entry", "IntegrityError", "LockTimeoutError", "Manifest",
-    "StubCache", "StubCacheError", "StubSpec", "TrustError", "__version__", "default_cache", "load",
-    "load_inline", "patch_torch", "unpatch_torch",
+    "StubCache", "StubCacheError", "StubSpec", "TrustError", "UnsupportedError", "__version__", "default_cache",
+    "load", "load_inline", "patch_torch", "unpatch_torch",
 ]

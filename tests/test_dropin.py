@@ -103,7 +103,7 @@ def test_missing_source_file_raises_file_not_found_as_torch_does(cache_root, tmp
 def test_unsupported_options_raise_value_error(cache_root):
     with pytest.raises(ValueError, match="does not support sycl_sources"):
         stubcache.load_inline("sycl", "int f();", sycl_sources="x")
-    with pytest.raises(stubcache.dropin.compat.Unsupported):
+    with pytest.raises(stubcache.UnsupportedError):
         stubcache.load("standalone", [], is_standalone=True)
 
 

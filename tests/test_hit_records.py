@@ -316,10 +316,11 @@ def test_every_variable_stubcache_reads_is_sorted_for_the_record():
 
 
 def test_the_patched_load_inline_hands_only_unsupported_calls_to_torch(cache_root, monkeypatch):
+    from stubcache.build import torchjit
     from stubcache.dropin import patch
 
     calls = []
-    monkeypatch.setitem(patch._originals, "load_inline", lambda *a, **k: calls.append(k) or "torch's own")
+    monkeypatch.setitem(torchjit._originals, "load_inline", lambda *a, **k: calls.append(k) or "torch's own")
     wrapper = patch._wrapper("load_inline")
     assert wrapper("sycl", "int f();", sycl_sources="x") == "torch's own" and calls == [{"sycl_sources": "x"}]
     with pytest.raises(ValueError, match="invalid stub name"):  # stubcache's own error, not torch's call

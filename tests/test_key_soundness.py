@@ -320,11 +320,11 @@ def test_two_builds_of_one_key_are_identical(cache_root, tmp_path, method, flags
 
 
 WEAK_BUILD = """
-import os, stubcache, stubcache.key.inputs as inputs
-real_track = inputs.track
+import os, stubcache, stubcache.key.tracking as tracking
+real_track = tracking.track
 def weakened(deps, *a, **k):  # a key that forgets one header: what a hole in the key looks like
     return real_track([d for d in deps if not d.endswith("val.h")], *a, **k)
-inputs.track = weakened
+tracking.track = weakened
 spec = stubcache.StubSpec("audited", os.environ["SRC"], extra_include_paths=[os.environ["INC"]])
 c = stubcache.StubCache()
 e = c.get_or_build(spec)

@@ -79,10 +79,7 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
     for node in ast.walk(tree):
         if id(node) in skip:
             continue
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "lazy_module" and node.args \
-                and isinstance(node.args[0], ast.Constant):
-            out.add(node.args[0].value)  # stubcache.edge.lazy: an import on first use
-        elif isinstance(node, ast.Import):
+        if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
@@ -115,7 +112,7 @@ def test_each_layer_is_a_folder():
 
 def test_imports_follow_the_layers_of_docs_design():
     table, allowed = layers(), exceptions()
-    assert [name for name, _ in table][:1] == ["admin"] and len(table) >= 8 and len(allowed) == 5
+    assert [name for name, _ in table][:1] == ["admin"] and len(table) >= 8 and len(allowed) == 4
     g = graph("stubcache")
     unplaced = sorted(m for m in g if layer_of(m, table) is None)
     assert unplaced == [], f"modules in no layer of docs/design.md (add them to its table): {unplaced}"
@@ -183,3 +180,69 @@ def test_docs_design_names_real_tests_and_every_cited_invariant():
     missing = [n for n in sorted(names) if not (REPO / "tests" / f"{n}.py").exists()
                and not re.search(rf"def {n}\(", tests)]
     assert missing == [], f"docs/design.md names tests that do not exist: {missing}"
+
+
+def _cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found = []
+    for start in sorted(g):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(g[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on.add(start)
+        while work:
+            v, deps = work[-1]
+            w = next((d for d in deps if d in g), None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(g[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    found.append(sorted(comp))
+    return found
+
+
+def test_no_import_cycles():
+    """No two modules depend on each other, directly or through others (imports inside functions
+    count, as in the layer check)."""
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the checker
+    assert _cycles(graph("stubcache")) == []
+
+
+def test_private_names_stay_in_their_module():
+    """A name another module uses is public in its module: no ``from .x import _y`` between
+    stubcache's modules, no module ``__getattr__`` forwarding names to another module (the
+    package's own lazy table of public names aside), no ``lazy_module``-style proxies."""
+    found = []
+    for name, path in modules("stubcache").items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("stubcache")):
+                private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+                if private:
+                    found.append(f"{name}:{node.lineno} imports {private}")
+            elif isinstance(node, ast.FunctionDef) and node.name == "__getattr__" and node.col_offset == 0 \
+                    and name != "stubcache":
+                found.append(f"{name}:{node.lineno} has a module __getattr__")
+    assert found == []

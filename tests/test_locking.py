@@ -131,7 +131,9 @@ def test_the_bounded_wait_gives_up_stops_when_asked_and_takes_a_freed_lock(tmp_p
     try:
         assert locking.wait_flock(fd, locking.EX, 0.2) is False
         asked = []
-        assert locking.wait_flock(fd, locking.EX, 60, until=lambda: asked.append(1) or len(asked) >= 3) is None
+        t0 = time.monotonic()
+        assert locking.wait_flock(fd, locking.EX, 60, until=lambda: asked.append(1) or len(asked) >= 3) is False
+        assert len(asked) == 3 and time.monotonic() - t0 < 30  # ended by `until`, not by the time
         noticed = []
         assert locking.wait_flock(fd, locking.EX, 0.3, notice=lambda: noticed.append(1), notice_after=0.0) is False
         assert noticed == [1]  # once, however long the wait

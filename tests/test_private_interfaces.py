@@ -120,7 +120,7 @@ def test_the_raw_environment_reads_what_os_environ_holds(changes):
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-            assert fingerprint._env_from_snapshot(fingerprint._env_snapshot()) == _public_env()
+            assert fingerprint.env_from_snapshot(fingerprint.env_snapshot()) == _public_env()
     finally:
         for name, value in saved.items():
             if value is None:

@@ -60,15 +60,15 @@ def select_keys(store: Store, keys: Sequence[str], sample: int | None) -> list[s
 
 def trusted_manifest(store: Store, key: str) -> Manifest:
     """The manifest of entry ``key``, if the loader would load the entry as this user: the
-    root by :func:`stubcache.cache.core.root_policy` (the loading user's trust rule), then the entry
+    root by :func:`stubcache.cache.core.checked_loader_policy` (the loading user's trust rule), then the entry
     directory, the manifest and the library by that policy's check, each on the descriptor it is
     read from.
     :class:`TrustError` otherwise. (A rebuild compiles what the manifest says, as this user.)"""
     from ..edge import fsroot
-    from ..cache.core import root_policy
+    from ..cache.core import checked_loader_policy
     from ..storage.trust import private_policy
 
-    policy = root_policy(store.root) or private_policy()
+    policy = checked_loader_policy(store.root) or private_policy()
     with store.at("entries", fsroot.check_name(key)) as efd:
         policy.check(os.fstat(efd), store.entry_dir(key), "cache entry")
         fd = fsroot.open_regular(efd, MANIFEST_NAME)

@@ -7,28 +7,13 @@ import os
 import shutil
 import stat
 import sysconfig
-from dataclasses import asdict, dataclass
-from typing import Any
-
 from ..storage.store import SUBDIRS, Store
+from .check import Check
 
 NETWORK_FS = ("nfs", "nfs4", "lustre", "cifs", "smb3", "smbfs", "fuse.sshfs", "gpfs", "beegfs",
               "glusterfs", "fuse.glusterfs", "ceph", "fuse.ceph", "9p", "afs", "fuse.s3fs", "virtiofs")
 FREE_WARN = 1 << 30
 FREE_ERROR = 100 << 20
-
-
-@dataclass
-class Check:
-    """One finding: ``status`` is ``ok``, ``warn`` or ``error``; ``fix`` says what to do."""
-
-    name: str
-    status: str
-    detail: str
-    fix: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _existing_ancestor(path: str) -> str:
@@ -78,7 +63,7 @@ def check_root(root: str) -> list[Check]:
     """Ownership and permissions of the root, its layout directories and entry directories,
     judged by the same trust policy the loader applies (private, or shared with a group)."""
     from ..edge.errors import TrustError
-    from ..storage.trust import load_policy
+    from ..storage.trust import layout_policy
 
     out: list[Check] = []
     if not os.path.lexists(root):
@@ -88,11 +73,12 @@ def check_root(root: str) -> list[Check]:
         kind = "a file" if os.path.isfile(root) else "not a directory"
         return [Check("root", "error", f"{root} is {kind}, not a directory: nothing can be cached there",
                       "point STUBCACHE_DIR (or --cache-dir) at a directory, or remove the file")]
-    from ..storage.trust import UntrustedRoot, loader_policy
+    from ..edge.errors import UntrustedRootError
+    from ..storage.trust import loader_policy
 
     try:
-        policy = load_policy(root)
-    except UntrustedRoot as exc:
+        policy = layout_policy(root)
+    except UntrustedRootError as exc:
         return [Check("trust", "warn", f"{exc}; engines build privately and share nothing", exc.how)]
     except TrustError as exc:
         return [Check("config", "error", str(exc), "recreate the root with `stubcache init`")]
@@ -100,7 +86,7 @@ def check_root(root: str) -> list[Check]:
         loader_policy(root)
         out.append(Check("trust", "ok", "you trust this root (owned by you or root, or listed in "
                                         "STUBCACHE_TRUSTED_ROOTS or your trusted-roots file)"))
-    except UntrustedRoot as exc:
+    except UntrustedRootError as exc:
         out.append(Check("trust", "warn", f"{exc}; engines build privately and share nothing", exc.how))
     except TrustError:
         pass  # reported below, path by path
@@ -182,9 +168,9 @@ def fix_permissions(root: str) -> list[str]:
     roots) or restore the shared modes. Works through ``O_NOFOLLOW`` fds; symlinks, odd file
     types and others' paths are left for a human."""
     from .shared import SHARED_DIR_MODE, SHARED_ENTRY_MODE, SHARED_ROOT_MODE, set_mode
-    from ..storage.trust import load_policy
+    from ..storage.trust import layout_policy
 
-    policy = load_policy(root)
+    policy = layout_policy(root)
     store = Store(root, policy)
     done = []
     if policy.shared and os.path.isdir(store.base):

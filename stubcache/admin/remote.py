@@ -109,7 +109,7 @@ def execute_prune(backend: RemoteBackend, plan: list[RemotePruneItem]) -> None:
 def doctor_checks(environ=None) -> list:
     """The remote tier's checks for ``stubcache doctor``: settings, connection, write access,
     eviction policy, and whether sampled blobs carry a valid HMAC under this secret."""
-    from .doctor import Check
+    from .check import Check
     from ..remote.config import ENV_SECRET, ENV_URL, RemoteConfigError, config_from_env
 
     env = os.environ if environ is None else environ
@@ -167,7 +167,7 @@ def doctor_checks(environ=None) -> list:
 
 
 def _check_secret(backend: RemoteBackend, config: RemoteConfig, env_secret: str):
-    from .doctor import Check
+    from .check import Check
     from ..remote.blob import MAX_BLOB
 
     try:

@@ -9,13 +9,11 @@ docs/security.md.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import time
 
 from ..storage.store import SUBDIRS, Store
-from ..storage.trust import CONFIG_NAME
 
 SHARED_ROOT_MODE = 0o2750
 SHARED_DIR_MODE = 0o2770
@@ -130,7 +128,7 @@ def init_root(root: str, group: str | None = None) -> list[str]:
     else:
         cfg = {"mode": "private", "created": time.time(), "by_uid": os.geteuid()}
         done.append("private to uid %d, directories mode 700" % os.geteuid())
-    from ..storage.trust import load_root_config
+    from ..storage.trust import load_root_config, write_root_config
 
     try:  # settings (`stubcache config`) survive a conversion
         from .sizecap import SETTINGS
@@ -141,17 +139,3 @@ def init_root(root: str, group: str | None = None) -> list[str]:
         pass
     done.append(f"wrote {write_root_config(store.root, cfg)}")
     return done
-
-
-def write_root_config(root: str, cfg: dict) -> str:
-    """Atomically replace ``<root>/stubcache-root.json`` (mode 0644, through the root's descriptor,
-    never following a link); returns its path."""
-    from ..edge import fsroot
-    from ..storage import locking
-
-    dfd = fsroot.open_dir(root)
-    try:
-        locking.write_file(dfd, CONFIG_NAME, json.dumps(cfg, indent=1).encode("utf-8"), mode=0o644)
-    finally:
-        os.close(dfd)
-    return os.path.join(root, CONFIG_NAME)

@@ -143,7 +143,7 @@ def configured_max_size(root: str) -> int | None:
 def set_setting(root: str, name: str, value: str | None) -> Any:
     """Store (``value``) or remove (``None``) a setting in the root's configuration; only the
     root's owner (or uid 0) may. Returns the parsed value."""
-    from .shared import write_root_config
+    from ..storage.trust import write_root_config
     from ..storage.trust import load_root_config
 
     if name not in SETTINGS:

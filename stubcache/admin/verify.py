@@ -12,7 +12,7 @@ from ..edge.errors import TrustError
 from ..edge.fsroot import printable
 from ..storage.manifest import MANIFEST_NAME
 from ..storage.store import Store, file_sha256
-from ..storage.trust import TrustPolicy, load_policy
+from ..storage.trust import TrustPolicy, layout_policy
 
 
 @dataclass
@@ -38,7 +38,7 @@ def check_entry(store: Store, key: str, policy: TrustPolicy | None = None) -> Ve
     parser has rejected anything that is not a plain file name."""
     edir = store.entry_dir(key)
     if policy is None:
-        policy = load_policy(store.root)
+        policy = layout_policy(store.root)
     try:
         efd = store.dir("entries", key)
     except FileNotFoundError:
@@ -105,7 +105,7 @@ def verify_store(store: Store, quarantine: bool = True, progress=None) -> list[V
     from ..storage import events
 
     results = []
-    policy = load_policy(store.root)
+    policy = layout_policy(store.root)
     if store.shared != policy.shared:  # a store made without the root's policy: files get its modes
         store = Store(store.root, policy)
     keys = store.entry_keys()

@@ -239,7 +239,7 @@ def _build_load_inline(spec: StubSpec, build_dir: str, compiler: dict) -> tuple[
     global _warned_no_implicit
     import inspect
 
-    from ..dropin.patch import torch_original
+    from .torchjit import torch_original
 
     try:
         load_inline = torch_original("load_inline")  # never the module attribute: it may be patched
@@ -260,7 +260,7 @@ def _run_torch(which: str, spec: StubSpec, build_dir: str, kwargs: dict) -> tupl
     """Run torch's own ``load_inline`` or ``load`` with ``kwargs``; torch's failure as a BuildError."""
     import glob
 
-    from ..dropin.patch import torch_original
+    from .torchjit import torch_original
 
     try:
         torch_fn = torch_original(which)  # never the module attribute: it may be patched
@@ -270,7 +270,7 @@ def _run_torch(which: str, spec: StubSpec, build_dir: str, kwargs: dict) -> tupl
     with _torch_lock:
         live = sys.modules.get("torch.utils.cpp_extension")
         if live is not None and torch_fn.__globals__ is not vars(live):
-            # torch's function from a private copy of its module (patch._fresh_module): the
+            # torch's function from a private copy of its module (torchjit._fresh_module): the
             # caller's in-place edits of COMMON_NVCC_FLAGS are on the real module's list
             torch_fn.__globals__["COMMON_NVCC_FLAGS"] = list(getattr(live, "COMMON_NVCC_FLAGS", []))
         # torch renames a second build of one name in a process to <name>_v1 (its in-memory

@@ -1,5 +1,5 @@
 """Build-time side of input tracking: the flags that make compiler and linker report what they
-read, and turning those reports into a :class:`~stubcache.key.inputs.Tracked` record.
+read, and turning those reports into a :class:`~stubcache.key.tracking.Tracked` record.
 
 Kept out of ``builder.py`` so that the two build paths only add a few flags and one call.
 """
@@ -10,7 +10,7 @@ import os
 import shlex
 import subprocess
 
-from ..key import inputs
+from ..key import inputs, tracking
 from ..key.flagscan import scan
 from ..key.fingerprint import torch_dir
 from ..key.spec import StubSpec
@@ -89,9 +89,9 @@ def trace_deps(output: str) -> list[str]:
 
 def read_deps(build_dir: str) -> list[str]:
     """Files named in this build's compiler and linker dependency outputs."""
-    return (inputs.parse_depfile(os.path.join(build_dir, DEPFILE))
-            + inputs.parse_depfile(os.path.join(build_dir, LINK_DEPFILE))
-            + inputs.parse_depfile(os.path.join(build_dir, AS_DEPFILE)))
+    return (tracking.parse_depfile(os.path.join(build_dir, DEPFILE))
+            + tracking.parse_depfile(os.path.join(build_dir, LINK_DEPFILE))
+            + tracking.parse_depfile(os.path.join(build_dir, AS_DEPFILE)))
 
 
 def _ninja_unescape(text: str) -> str:
@@ -125,47 +125,47 @@ def start_search_probe(spec: StubSpec, build_dir: str) -> subprocess.Popen | Non
     """Start asking the compiler for its include search order (``-E -v``), to run beside the
     compile; :func:`tracked_inputs` collects it."""
     try:
-        return inputs.start_search_path([*compiler_command(), *_compile_flags(spec, build_dir)], build_dir)
+        return tracking.start_search_path([*compiler_command(), *_compile_flags(spec, build_dir)], build_dir)
     except OSError:
         return None
 
 
 def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: int,
-                   probe: subprocess.Popen | None = None, compiler: dict | None = None) -> inputs.Tracked:
+                   probe: subprocess.Popen | None = None, compiler: dict | None = None) -> tracking.Tracked:
     """Hash what the build read (see :mod:`stubcache.key.inputs`)."""
-    if not deps and not inputs.files_named_by_flags(spec.extra_cflags + spec.extra_ldflags):
+    if not deps and not tracking.files_named_by_flags(spec.extra_cflags + spec.extra_ldflags):
         if probe is not None:
             probe.kill()
             probe.communicate()  # reaps it and closes its pipe (a leaked pipe per failed build)
-        return inputs.Tracked({}, {}, [])
+        return tracking.Tracked({}, {}, [])
     import sysconfig
 
     cmd = compiler_command()
     try:
         if probe is None:
-            probe = inputs.start_search_path([*cmd, *_compile_flags(spec, build_dir)], build_dir)
-        search = inputs.finish_search_path(probe)
+            probe = tracking.start_search_path([*cmd, *_compile_flags(spec, build_dir)], build_dir)
+        search = tracking.finish_search_path(probe)
     except (OSError, subprocess.SubprocessError):
         search = None
     facts = compiler if compiler is not None else compiler_facts()
     ran = compiler_that_ran(search, facts, bool(spec.tool_flags))
-    pinned = inputs.pinned_prefixes([*(facts.get("own_dirs") or []), *(facts.get("stdlib_dirs") or [])],
+    pinned = tracking.pinned_prefixes([*(facts.get("own_dirs") or []), *(facts.get("stdlib_dirs") or [])],
                                     torch_dir(), sysconfig.get_path("include", scheme="posix_prefix"))
     if spec.effective_with_cuda:
         home = _cuda_home()
         if home:  # the CUDA toolkit is pinned by the nvcc identity in the fingerprint
-            pinned += inputs.pinned_prefixes([home], None, None)
-    probes = inputs.has_include_names(spec.cpp_sources + spec.cuda_sources)
-    named = inputs.files_named_by_flags(spec.extra_cflags + spec.extra_cuda_cflags + spec.extra_ldflags)
+            pinned += tracking.pinned_prefixes([home], None, None)
+    probes = tracking.has_include_names(spec.cpp_sources + spec.cuda_sources)
+    named = tracking.files_named_by_flags(spec.extra_cflags + spec.extra_cuda_cflags + spec.extra_ldflags)
     named += _found_in_b_dirs(scan(spec.extra_cflags, spec.extra_ldflags))
-    tracked = inputs.track([*deps, *named], build_dir, pinned, search, started_ns, probes)
+    tracked = tracking.track([*deps, *named], build_dir, pinned, search, started_ns, probes)
     # The link step's -L/-l (through -Wl, too): on the direct path that is the one command.
     link = (scan(spec.extra_cflags, spec.extra_ldflags) if spec.build_method == "direct"
             else scan(spec.extra_ldflags))
-    libs = inputs.library_candidates([os.path.join(build_dir, d) for d in deps], link.lib_dirs, link.lib_names,
+    libs = tracking.library_candidates([os.path.join(build_dir, d) for d in deps], link.lib_dirs, link.lib_names,
                                      os.environ.get("LIBRARY_PATH"))
     if libs:
-        tracked.record["shadows"] = inputs.file_candidates(libs, pinned, tracked.record.get("shadows") or {},
+        tracked.record["shadows"] = tracking.file_candidates(libs, pinned, tracked.record.get("shadows") or {},
                                                           started_ns, tracked.unstable)
     if ran:
         tracked.unstable.append(ran)
@@ -185,7 +185,7 @@ def _found_in_b_dirs(found) -> list[str]:
             for p in [os.path.join(d, f)] if os.path.isfile(p)]
 
 
-def compiler_that_ran(search: inputs.SearchPath | None, facts: dict, own_tools: bool) -> str | None:
+def compiler_that_ran(search: tracking.SearchPath | None, facts: dict, own_tools: bool) -> str | None:
     """A line saying which compiler answered the build's search probe (run through the same
     ``CXX``, wrapper and environment as the build), if it is not the one the fingerprint names;
     None when they agree or the probe did not say. A mismatch means the key was computed for
@@ -205,7 +205,7 @@ def compiler_that_ran(search: inputs.SearchPath | None, facts: dict, own_tools: 
 
 def _cuda_home() -> str | None:
     """The CUDA toolkit torch would use: ``CUDA_HOME``/``CUDA_PATH``, else nvcc's parent."""
-    from ..key.fingerprint import which
+    from ..key.toolchain import which
 
     home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
     if home:

@@ -11,12 +11,11 @@ import time
 from _thread import LockType, allocate_lock  # threading's locks without importing threading (hit path)
 
 from ..storage import events
-from ..edge import fsroot
+from ..edge import faults, fsroot, log
 from ..hit import hitpath
-from ..edge.lazy import lazy_module
 from ..key.fingerprint import Fingerprint
 from ..edge.errors import (BuildError, CacheMissError, IntegrityError, LockTimeoutError, StubCacheError,
-                           TrustError)
+                           TrustError, UntrustedRootError)
 from ..storage.events import Event
 from ..key.derive import base_key, entry_key, preimage
 from ..storage.manifest import MANIFEST_NAME, Manifest, __version__
@@ -24,15 +23,12 @@ from ..storage.mapped import check_mapped
 from ..key.spec import StubSpec
 from ..key.inputs import CLOCK_SLACK_NS, absent_paths, still_valid
 from ..storage.store import LAYOUT, Store, default_root, file_sha256, inputs_memo_name, write_hit_record
-from ..storage.trust import TrustPolicy, UntrustedRoot, check_dir, loader_policy, private_policy
+from ..storage.trust import TrustPolicy, check_dir, loader_policy, private_policy
 
 TYPE_CHECKING = False  # typing is not imported on the hit path
 if TYPE_CHECKING:
     from ..storage.locking import Lock
 
-_faults = lazy_module("stubcache.edge.faults")  # builds and publishes only: not imported on a hit
-_log = lazy_module("stubcache.edge.log")  # warnings only: not imported on a hit
-progress = lazy_module("stubcache.edge.progress")  # builds and waits only: not imported on a hit
 
 
 # errno values that mean "this root cannot take a build right now": degrade to a private build.
@@ -75,12 +71,19 @@ class Entry:
         return f"Entry(key={self.key!r}, path={self.path!r})"
 
 
-class _Corrupt:
+class CorruptEntry:
+    """A lookup's third answer, beside an :class:`Entry` (a hit) and ``None`` (nothing there): an
+    entry directory whose contents cannot be used (quarantine it). It has no truth value, so
+    ``if found:`` cannot take it for a hit nor ``if not found:`` for a miss by accident."""
+
     __slots__ = ("key", "reason")
 
     def __init__(self, key: str, reason: str) -> None:
         self.key = key
         self.reason = reason
+
+    def __bool__(self) -> bool:
+        raise TypeError("a corrupt entry is neither a hit nor a miss: test isinstance(found, Entry)")
 
 
 def _env_flag(name: str) -> bool:
@@ -108,7 +111,7 @@ def _unchanged_inputs(headers: dict, inputs: dict | None, memo_path: str | None)
     each file with its signature now, where that signature is one :func:`inputs.still_valid`
     accepts without reading the file (the manifest's, or one this root remembers as re-hashed
     and unchanged); ``None`` if any file's is not."""
-    from ..key.inputs import _hashes, _read_sig_memo, signature
+    from ..key.inputs import known_hashes, read_sig_memo, signature
 
     try:
         sigs = (inputs or {}).get("sigs") or {}
@@ -117,10 +120,10 @@ def _unchanged_inputs(headers: dict, inputs: dict | None, memo_path: str | None)
         for path, digest in headers.items():
             sig = signature(os.stat(path))
             if sigs.get(path) != sig:
-                seen = _hashes.get(path)
+                seen = known_hashes.get(path)
                 if seen is None or seen != (sig, digest):
                     if memo is None:
-                        memo = _read_sig_memo(memo_path)
+                        memo = read_sig_memo(memo_path)
                     if memo.get(path) != sig:
                         return None
             tracked.append([path, sig])
@@ -137,10 +140,10 @@ def _require_hit_error(spec: StubSpec, base: str, root: str) -> CacheMissError:
         "warm it with `stubcache warm` or unset STUBCACHE_REQUIRE_HIT")
 
 
-def root_policy(root: str) -> TrustPolicy | None:
+def checked_loader_policy(root: str) -> TrustPolicy | None:
     """The trust policy for loading from the cache root ``root`` as this user, after checking the
     root, its ``v1/`` and ``v1/entries/`` directories by it; ``None`` if the root does not exist
-    (yet). Raises :class:`UntrustedRoot` if this user has not chosen to trust the root, or if it
+    (yet). Raises :class:`UntrustedRootError` if this user has not chosen to trust the root, or if it
     is unsafe (a link, writable by others, a bad config): not an error for an engine, a root it
     does not use."""
     try:
@@ -155,10 +158,10 @@ def root_policy(root: str) -> TrustPolicy | None:
                 check_dir(path, "cache directory", policy)
             except FileNotFoundError:
                 pass
-    except UntrustedRoot:
+    except UntrustedRootError:
         raise
     except TrustError as exc:
-        raise UntrustedRoot(str(exc), "fix it as the message says, or run `stubcache doctor --fix`") from None
+        raise UntrustedRootError(str(exc), "fix it as the message says, or run `stubcache doctor --fix`") from None
     return policy
 
 
@@ -185,11 +188,11 @@ class CacheCore:
         validate()  # every STUBCACHE_* setting: a bad one raises SettingsError now, not on a miss
         root = os.path.abspath(os.fspath(root) if root is not None else default_root())
         self._policies: dict[str, TrustPolicy] = {}
-        self._untrusted: dict[str, UntrustedRoot] = {}
-        self.store = Store(root, self._store_policy(root))
+        self._untrusted: dict[str, UntrustedRootError] = {}
+        self.store = Store(root, self._policy_for_new_store(root))
         self.root = self.store.root
         # Read-only stores: nothing is created there, so they need no policy for modes; their
-        # trust is checked where an entry is found (see _lookup_at).
+        # trust is checked where an entry is found (see _check_entry).
         self.seeds = [Store(s) for s in (seed_roots() if seeds is None else seeds)]
         # The toolchain fingerprint, memoised in this root's state/ directory.
         self.fingerprint = Fingerprint(self.store.path("state"))
@@ -220,7 +223,7 @@ class CacheCore:
 
     def lookup(self, spec: StubSpec) -> Entry | None:
         """The published, verified entry for ``spec`` (seeds first), or ``None``. Never builds."""
-        found = self._lookup_all(spec, self.key(spec))
+        found = self._find_in_stores(spec, self.key(spec))
         return found if isinstance(found, Entry) else None
 
     def get_or_build(self, spec: StubSpec) -> Entry:
@@ -301,7 +304,7 @@ class CacheCore:
         try:
             return self._remember_hit(spec, entry, digest)
         except Exception as exc:  # noqa: BLE001 - a missing shortcut must not fail an engine's start
-            _log.logger().debug("stubcache: no hit record for %s: %r", entry.key, exc)
+            log.logger().debug("stubcache: no hit record for %s: %r", entry.key, exc)
             return False
 
     def _remember_hit(self, spec: StubSpec, entry: Entry, digest: str) -> bool:
@@ -314,11 +317,12 @@ class CacheCore:
         policy = self._policies.get(self.root)
         if policy is None or policy.shared or not self.store.ready:
             return False
-        from ..key.fingerprint import KEY_ENV_VARS, _env_from_snapshot, _env_snapshot, _fast_memo_path, _load_json
+        from ..key.fingerprint import KEY_ENV_VARS, env_from_snapshot, env_snapshot, fast_memo_path
+        from ..key.memofile import load_json
 
         fp = self.fingerprint.base()
         try:
-            memo = _load_json(_fast_memo_path(self.store.path("state"), _env_from_snapshot(_env_snapshot())))
+            memo = load_json(fast_memo_path(self.store.path("state"), env_from_snapshot(env_snapshot())))
             if memo["fp"] != fp or not isinstance(memo["validators"], list):
                 return False
             manifest_sig = hitpath.sig(os.lstat(os.path.join(self.store.entry_dir(entry.key), MANIFEST_NAME)))
@@ -386,24 +390,20 @@ class CacheCore:
 
         return self._lock_timeout if self._lock_timeout is not None else locking.lock_timeout_from_env()
 
-    def _store_policy(self, root: str) -> TrustPolicy | None:
+    def _policy_for_new_store(self, root: str) -> TrustPolicy | None:
         """The policy the local store is made with (its files' modes): the root's as it is now;
         ``None`` (private modes) for a root that is not trusted or cannot be checked. Nothing is
         remembered: whether the root is trusted is decided where it is first used
-        (:meth:`_root_policy`), which may be long after start-up, and a root made, shared,
+        (:meth:`_trusted_policy`), which may be long after start-up, and a root made, shared,
         fixed or spoilt meanwhile is judged as it is then."""
         try:
-            return root_policy(root)
+            return checked_loader_policy(root)
         except (TrustError, OSError):
             return None
 
-    def _policy(self, store: Store) -> TrustPolicy:
-        """The trust policy of a store (see :meth:`_root_policy`)."""
-        return self._root_policy(store.root)
-
-    def _root_policy(self, root: str) -> TrustPolicy:
+    def _trusted_policy(self, root: str) -> TrustPolicy:
         """The trust policy of a root, after checking its root directories (once per process,
-        see :func:`root_policy`). Raises :class:`UntrustedRoot` if this user has not chosen to
+        see :func:`checked_loader_policy`). Raises :class:`UntrustedRootError` if this user has not chosen to
         trust the root; a missing root gets the private policy and is checked again next time."""
         policy = self._policies.get(root)
         if policy is None:
@@ -411,8 +411,8 @@ class CacheCore:
             if known is not None:
                 raise known
             try:
-                policy = root_policy(root)
-            except UntrustedRoot as exc:
+                policy = checked_loader_policy(root)
+            except UntrustedRootError as exc:
                 self._untrusted[root] = exc
                 raise
             if policy is None:
@@ -439,8 +439,8 @@ class CacheCore:
         lock held past the timeout) degrades to a private build."""
         t_start = time.time()
         try:
-            found = self._look_up(spec, base)
-        except UntrustedRoot as exc:
+            found = self._first_look(spec, base)
+        except UntrustedRootError as exc:
             return self._untrusted_root(spec, base, exc)
         if found is not None:
             return found
@@ -475,12 +475,12 @@ class CacheCore:
         finally:
             lock.release()
 
-    def _look_up(self, spec: StubSpec, base: str) -> Entry | None:
+    def _first_look(self, spec: StubSpec, base: str) -> Entry | None:
         """Look up: the seed stores, then this root, after checking that this user trusts it
-        (:class:`UntrustedRoot` if not). Records a hit; ``None`` on a miss (a corrupt entry is
+        (:class:`UntrustedRootError` if not). Records a hit; ``None`` on a miss (a corrupt entry is
         left to :meth:`_look_again`, under the key's lock)."""
-        self._policy(self.store)  # checks the root (once)
-        found = self._lookup_all(spec, base)
+        self._trusted_policy(self.store.root)  # checks the root (once)
+        found = self._find_in_stores(spec, base)
         if not isinstance(found, Entry):
             return None
         if not hitpath.counted_here(self.root, found.key):  # (counted once, through its record)
@@ -498,10 +498,12 @@ class CacheCore:
             return bool(self.store.variant_keys(base)) or os.path.isdir(self.store.entry_dir(base))
 
         self.store.ensure()
+        from ..edge import progress
+
         with progress.status(lambda: f"waiting for {locking.describe_holder(self.store, base)}"):
             lock = locking.acquire(self.store, base, timeout, spec.name, published)
         if lock is None:  # published while we waited: a plain lookup, no lock queue
-            found = self._lookup(self.store, spec, base)
+            found = self._find_in_store(self.store, spec, base)
             if isinstance(found, Entry):
                 self._event(Event.WAIT, base, time.time() - t_wait, name=spec.name)
                 self._event(Event.HIT, found.key, name=spec.name, after_wait=True)
@@ -517,11 +519,11 @@ class CacheCore:
         waited = time.time() - t_wait
         if waited > 0.05:
             self._event(Event.WAIT, base, waited, name=spec.name)
-        found = self._lookup(self.store, spec, base)
+        found = self._find_in_store(self.store, spec, base)
         if isinstance(found, Entry):
             self._event(Event.HIT, found.key, name=spec.name, after_wait=True)
             return found
-        if isinstance(found, _Corrupt):
+        if isinstance(found, CorruptEntry):
             try:
                 self.store.quarantine(found.key, found.reason)
             except OSError as exc:
@@ -556,6 +558,8 @@ class CacheCore:
                 claim = got  # this host builds for the fleet (or None: build, no upload)
             if require_hit:
                 raise _require_hit_error(spec, base, self.root)
+            from ..edge import progress
+
             with progress.status(lambda: f"building {spec.name} ({spec.build_method} build)"):
                 entry = self._build_and_publish(spec, base)
             if claim is not None:
@@ -588,22 +592,22 @@ class CacheCore:
 
     def _lock_timed_out(self, spec: StubSpec, base: str, exc: LockTimeoutError, t_wait: float) -> Entry:
         """Another process held the key's build past the bound: build privately (one warning)."""
-        _log.warning("stubcache: %s; building privately without publishing", exc)
+        log.warning("stubcache: %s; building privately without publishing", exc)
         self._event(Event.LOCK_TIMEOUT, base, time.time() - t_wait, name=spec.name)
         return self._private_build(spec, base, reason=str(exc))
 
-    def _untrusted_root(self, spec: StubSpec, base: str, exc: UntrustedRoot) -> Entry:
+    def _untrusted_root(self, spec: StubSpec, base: str, exc: UntrustedRootError) -> Entry:
         """A root this user has not chosen to trust: seeds, else a private build (one warning)."""
         for seed in self.seeds:
             try:
-                found = self._lookup(seed, spec, base, seed=True)
-            except UntrustedRoot:
+                found = self._find_in_store(seed, spec, base, seed=True)
+            except UntrustedRootError:
                 continue
             if isinstance(found, Entry):
                 return found
         if self.root not in _warned_degraded:
             _warned_degraded.add(self.root)
-            _log.warning("stubcache: not using the cache at %s: %s; building privately (%s; see "
+            log.warning("stubcache: not using the cache at %s: %s; building privately (%s; see "
                          "`stubcache doctor`)", self.root, exc, exc.how)
         if _env_flag("STUBCACHE_REQUIRE_HIT"):
             raise CacheMissError(f"STUBCACHE_REQUIRE_HIT is set and the cache at {self.root} is not trusted: {exc}")
@@ -612,31 +616,31 @@ class CacheCore:
     def _degraded(self, spec: StubSpec, base: str, exc: OSError) -> Entry:
         if self.root not in _warned_degraded:
             _warned_degraded.add(self.root)
-            _log.warning("stubcache: cannot write the cache at %s (%s); building privately, nothing is "
+            log.warning("stubcache: cannot write the cache at %s (%s); building privately, nothing is "
                          "shared until this is fixed (see `stubcache doctor`)", self.root, exc)
         return self._private_build(spec, base, reason=str(exc))
 
     # --- looking up: every entry is checked (trust, shape, checksum) before it is returned --------
 
-    def _lookup_all(self, spec: StubSpec, base: str) -> "Entry | _Corrupt | None":
+    def _find_in_stores(self, spec: StubSpec, base: str) -> "Entry | CorruptEntry | None":
         for seed in self.seeds:
             try:
-                found = self._lookup(seed, spec, base, seed=True)
-            except UntrustedRoot as exc:
+                found = self._find_in_store(seed, spec, base, seed=True)
+            except UntrustedRootError as exc:
                 if seed.root not in _warned_degraded:
                     _warned_degraded.add(seed.root)
-                    _log.warning("stubcache: ignoring seed store %s: %s (%s)", seed.root, exc, exc.how)
+                    log.warning("stubcache: ignoring seed store %s: %s (%s)", seed.root, exc, exc.how)
                 continue
             if isinstance(found, Entry):
                 return found
-            if isinstance(found, _Corrupt):
-                _log.warning("stubcache: ignoring seed entry %s in %s: %s", found.key, seed.root, found.reason)
+            if isinstance(found, CorruptEntry):
+                log.warning("stubcache: ignoring seed entry %s in %s: %s", found.key, seed.root, found.reason)
         try:
-            return self._lookup(self.store, spec, base)
-        except UntrustedRoot:
+            return self._find_in_store(self.store, spec, base)
+        except UntrustedRootError:
             return None  # get_or_build says so once and builds privately
 
-    def _lookup(self, store: Store, spec: StubSpec, base: str, seed: bool = False) -> "Entry | _Corrupt | None":
+    def _find_in_store(self, store: Store, spec: StubSpec, base: str, seed: bool = False) -> "Entry | CorruptEntry | None":
         # Variants built with tracked input files (any header the fingerprint does not pin, any
         # linker input), then the plain entry of a build that read none.
         keys = store.variant_keys(base) + [base]
@@ -651,9 +655,9 @@ class CacheCore:
                 except FileNotFoundError:
                     continue
                 except OSError as exc:  # a symlink (ELOOP) or a file (ENOTDIR) where an entry should be
-                    return _Corrupt(key, f"entry is not a directory ({exc.strerror})")
+                    return CorruptEntry(key, f"entry is not a directory ({exc.strerror})")
                 try:
-                    found = self._lookup_at(store, efd, spec, base, key, seed, entries_fd)
+                    found = self._check_entry(store, efd, spec, base, key, seed, entries_fd)
                 finally:
                     os.close(efd)
                 if found is not None:
@@ -674,26 +678,26 @@ class CacheCore:
             tag = f"{key}-{hashlib.sha256(store.root.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
         return os.path.join(self.store.path("state"), inputs_memo_name(tag))
 
-    def _lookup_at(self, store: Store, efd: int, spec: StubSpec, base: str, key: str,
-                   seed: bool, entries_fd: int) -> "Entry | _Corrupt | None":
+    def _check_entry(self, store: Store, efd: int, spec: StubSpec, base: str, key: str,
+                   seed: bool, entries_fd: int) -> "Entry | CorruptEntry | None":
         try:
             manifest = store.read_manifest_at(efd)
         except FileNotFoundError:
-            return _Corrupt(key, "manifest missing")
+            return CorruptEntry(key, "manifest missing")
         except (OSError, ValueError) as exc:  # a FIFO, a link, garbage, an absurd size
-            return _Corrupt(key, f"manifest unreadable: {exc}")
+            return CorruptEntry(key, f"manifest unreadable: {exc}")
         if manifest.key != key or manifest.base_key != base:
-            return _Corrupt(key, "manifest describes another key")
+            return CorruptEntry(key, "manifest describes another key")
         try:
             if (manifest.headers or manifest.inputs) and not still_valid(manifest.headers, manifest.inputs,
                                                     self._sig_memo(store, key)):
                 return None
         except ValueError as exc:  # same key, so a rebuild could never replace it: quarantine
-            return _Corrupt(key, str(exc))
+            return CorruptEntry(key, str(exc))
         entry = Entry(key, os.path.join(store.entry_dir(key), manifest.library), manifest, seed=seed,
                       root=store.root)
         try:
-            policy = self._policy(store)
+            policy = self._trusted_policy(store.root)
             if not seed:
                 self._pin(key)
                 # Pinned now: prune can no longer take it. Is the directory we read still the
@@ -704,14 +708,14 @@ class CacheCore:
         except FileNotFoundError:
             return None  # removed under us (prune): a miss, rebuild
         except IntegrityError as exc:
-            return _Corrupt(key, str(exc))
-        except UntrustedRoot:
+            return CorruptEntry(key, str(exc))
+        except UntrustedRootError:
             raise
         except TrustError as exc:
             # Content this user does not trust (a link, another owner, writable by others):
             # never loaded; moved aside and rebuilt like a corrupt entry, so that no one who
             # can write an entry can stop everyone else's engines from starting.
-            return _Corrupt(key, str(exc))
+            return CorruptEntry(key, str(exc))
         return entry
 
     def _pin(self, key: str) -> None:
@@ -749,7 +753,7 @@ class CacheCore:
         try:
             st = os.fstat(fd)
             if policy is None:
-                policy = self._root_policy(entry.root) if entry.root else private_policy()
+                policy = self._trusted_policy(entry.root) if entry.root else private_policy()
             policy.check(st, entry.path, "library")
             ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
             if self._verified.get(entry.path) != ident:
@@ -807,7 +811,7 @@ class CacheCore:
                 # An input changed while the compiler ran: the library may hold either version,
                 # so it is published under no key. Once more, then privately.
                 self._event(Event.UNSTABLE_INPUTS, base, name=spec.name, files=len(result.unstable))
-                _log.warning("stubcache: %s changed during the build of %r; not publishing it",
+                log.warning("stubcache: %s changed during the build of %r; not publishing it",
                              ", ".join(result.unstable[:3]), spec.name)
                 if retry:
                     self.store.rmtree(staging)
@@ -820,11 +824,11 @@ class CacheCore:
             lib = os.path.join(staged_entry, os.path.basename(result.library))
             os.rename(result.library, lib)
             manifest = self._manifest_for(spec, base, result, file_sha256(lib), os.path.getsize(lib))
-            _faults.point("before_publish")
+            faults.point("before_publish")
             self._publish(staged_entry, manifest)
-            _faults.point("after_publish")
+            faults.point("after_publish")
             self._event(Event.BUILD, manifest.key, result.seconds, name=spec.name, method=result.method)
-            return self._look_up_published(spec, base, manifest.key)
+            return self._find_published(spec, base, manifest.key)
         finally:
             self.store.rmtree(staging)
 
@@ -844,7 +848,7 @@ class CacheCore:
             self.store.record_failure(base, exc.output or str(exc))
             self._event(Event.FAIL, base, name=spec.name)
             raise
-        _faults.point("after_build")
+        faults.point("after_build")
         return result
 
     def _publish(self, staged_entry: str, manifest: Manifest) -> None:
@@ -854,10 +858,10 @@ class CacheCore:
         self.store.publish(staged_entry, manifest)  # False: an existing entry won
         self._cap_pending = True
 
-    def _look_up_published(self, spec: StubSpec, base: str, key: str) -> Entry:
+    def _find_published(self, spec: StubSpec, base: str, key: str) -> Entry:
         """The entry just published, looked up (and so verified) from the root, like any hit:
         nothing loads from a staging or temporary copy."""
-        found = self._lookup(self.store, spec, base)
+        found = self._find_in_store(self.store, spec, base)
         if not isinstance(found, Entry):
             raise StubCacheError(f"entry {key} vanished right after publishing")
         return found
@@ -882,7 +886,7 @@ class CacheCore:
             with fsroot.Dir(staged_entry) as efd:
                 locking.write_file(efd, manifest.library, fetched.library, mode=0o600, exclusive=True)
             self._publish(staged_entry, manifest)
-            entry = self._look_up_published(spec, base, manifest.key)  # verifies the published copy again
+            entry = self._find_published(spec, base, manifest.key)  # verifies the published copy again
             entry.fetched = True
             return entry
         finally:
@@ -899,6 +903,8 @@ class CacheCore:
         atexit.register(Store.rmtree, tmp)
         build_dir = os.path.join(tmp, "build")
         os.mkdir(build_dir, 0o700)
+        from ..edge import progress
+
         with progress.status(lambda: f"building {spec.name} privately ({spec.build_method} build)"):
             result = build(spec, build_dir, self.fingerprint.compiler_facts())
         manifest = self._manifest_for(spec, base, result, file_sha256(result.library),

@@ -23,11 +23,11 @@ def store(args: argparse.Namespace):
     get group modes in a shared root); a root whose config fails the trust checks is private."""
     from ..edge.errors import TrustError
     from ..storage.store import Store
-    from ..storage.trust import load_policy
+    from ..storage.trust import layout_policy
 
     path = root(args)
     try:
-        policy = load_policy(path)
+        policy = layout_policy(path)
     except TrustError:
         policy = None
     return Store(path, policy)

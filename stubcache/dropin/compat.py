@@ -7,12 +7,12 @@ import sys
 from _thread import allocate_lock  # threading.Lock without importing threading (hit path)
 
 from ..edge import kpath
-from ..edge.lazy import lazy_module
 from ..cache.core import Entry
 from ..hit.front import StubCache
 from ..hit.hitpath import frozen, versioned, versions as _versions, versions_lock
-from ..key.fingerprint import _env_snapshot
-from .patch import mark
+from ..key.fingerprint import env_snapshot
+from ..build.torchjit import mark
+from ..edge.errors import UnsupportedError
 from ..key.spec import FIELDS, StubSpec
 from ..storage.store import default_root  # all three loaded with .cache: a function-level import costs ~1.5 us a call
 
@@ -20,8 +20,6 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path
 if TYPE_CHECKING:
     from typing import Any, Sequence
 
-_log = lazy_module("stubcache.edge.log")  # notices only: not imported on a hit
-progress = lazy_module("stubcache.edge.progress")  # verbose builds only: not imported on a quiet hit
 
 _caches: dict[str, StubCache] = {}
 _modules: dict[tuple, Any] = {}
@@ -29,11 +27,6 @@ _call_memo: dict[tuple, Any] = {}
 # The spec fields load_inline takes from torch's parameters of the same name (FIELDS' torch
 # column), in order; ``name`` is not among them: the drop-in versions it first.
 _FORWARDED = tuple(f.name for f in FIELDS if f.torch and f.name != "name")
-
-
-class Unsupported(ValueError):
-    """An option stubcache's drop-ins do not handle; the patched torch loaders hand such a call
-    to torch's own function instead."""
 
 
 _frozen = frozen
@@ -65,7 +58,7 @@ def default_cache() -> StubCache:
 def _unsupported(**kwargs: Any) -> None:
     for name, value in kwargs.items():
         if value:
-            raise Unsupported(f"stubcache does not support {name}={value!r}; call torch.utils.cpp_extension "
+            raise UnsupportedError(f"stubcache does not support {name}={value!r}; call torch.utils.cpp_extension "
                               "directly (a patched torch does so by itself)")
 
 
@@ -186,7 +179,7 @@ def load_inline_recording(record: str | None, args: dict[str, Any]) -> Any:
     try:
         call = tuple([_frozen(args[f]) for f in _FORWARDED])
         module_name = _versioned(name, call) if isinstance(name, str) else name
-        memo_key = (root, _env_snapshot(), module_name, call)
+        memo_key = (root, env_snapshot(), module_name, call)
         # With a build_directory the library is placed there again on every call (the caller
         # may have removed it): no memo.
         hit = _call_memo.get(memo_key) if build_directory is None else None
@@ -211,6 +204,8 @@ _imported: dict[str, str] = {}  # Python module name -> key of the library impor
 
 class _Quiet:
     """The scope of a quiet call in a process that never asked for verbose output (so no
+    from ..edge import progress
+
     thread's flag is set): nothing to set or restore, and no need to import progress."""
 
     def __enter__(self) -> None:
@@ -225,6 +220,8 @@ _QUIET = _Quiet()
 
 def _verbose_scope(verbose: bool) -> Any:
     if verbose or "stubcache.edge.progress" in sys.modules:
+        from ..edge import progress
+
         return progress.verbose_scope(verbose)
     return _QUIET
 
@@ -247,6 +244,8 @@ def _get_and_import(spec: StubSpec, verbose: bool, name: Any = None, call: Any =
             spec = spec.replace(name=f"{name}_v{version}")
             entry = cache.get_or_build(spec)
     if verbose:
+        from ..edge import progress
+
         progress.echo(f"stubcache: loading extension module {spec.name} from {entry.path} "
                       f"({entry.manifest.build_method} build)\n")
     return entry, _import_entry(cache, entry, spec.is_python_module, build_directory)
@@ -280,7 +279,7 @@ def load(
     quoted includes find their neighbours). A name loaded again with changed inputs becomes ``name_v1``, ... as in
     torch; ``build_directory`` is kept as :func:`load_inline` keeps it, ``keep_intermediates`` is
     ignored;
-    ``is_standalone`` and SYCL raise :class:`Unsupported`.
+    ``is_standalone`` and SYCL raise :class:`UnsupportedError`.
     """
     _unsupported(extra_sycl_cflags=extra_sycl_cflags, with_sycl=with_sycl, is_standalone=is_standalone)
     if isinstance(sources, (str, os.PathLike)):

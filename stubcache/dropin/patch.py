@@ -1,18 +1,12 @@
-"""Routing torch's own loaders through the cache: :func:`patch_torch`, :func:`unpatch_torch`, and
-the references to torch's original functions that the builder calls.
-
-The builder must never call ``torch.utils.cpp_extension.load_inline`` through the module
-attribute: once that attribute is stubcache's drop-in, the build would call back into the cache
-while holding its locks. :func:`torch_original` returns torch's own function whatever the
-attribute holds now.
-"""
+"""Routing torch's own loaders through the cache: :func:`patch_torch`, :func:`unpatch_torch`
+(torch's own functions are kept by :mod:`stubcache.build.torchjit`)."""
 
 from __future__ import annotations
 
 import sys
 from _thread import RLock  # threading.RLock without importing threading (hit path)
 
-from ..hit.dropinfront import MARK as _MARK  # set on the drop-ins and on the wrappers installed here
+from ..build.torchjit import is_dropin, mark, remembered_original, torch_original
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
 if TYPE_CHECKING:
@@ -20,48 +14,7 @@ if TYPE_CHECKING:
 
 NAMES = ("load_inline", "load")
 _MODULE = "torch.utils.cpp_extension"
-_originals: dict[str, Callable[..., Any]] = {}
 _lock = RLock()
-
-
-def is_dropin(fn: Any) -> bool:
-    """True for stubcache's drop-ins and the wrappers :func:`patch_torch` installs."""
-    return bool(getattr(fn, _MARK, False))
-
-
-def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
-    setattr(fn, _MARK, True)
-    return fn
-
-
-def _fresh_module() -> Any:
-    """A private copy of torch's ``cpp_extension`` module, for when its attributes were replaced
-    by someone else before stubcache first looked (``cpp_extension.load_inline = stubcache...``)."""
-    import importlib.util
-
-    import torch.utils.cpp_extension as cpp_ext
-
-    spec = importlib.util.spec_from_file_location("torch.utils._stubcache_cpp_extension", cpp_ext.__file__)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def torch_original(name: str) -> Callable[..., Any]:
-    """torch's own ``cpp_extension.<name>`` (``load_inline`` or ``load``), never a drop-in."""
-    fn = _originals.get(name)
-    if fn is not None:
-        return fn
-    import torch.utils.cpp_extension as cpp_ext
-
-    with _lock:
-        fn = _originals.get(name)
-        if fn is None:
-            fn = getattr(cpp_ext, name)
-            if is_dropin(fn):
-                fn = getattr(_fresh_module(), name)
-            _originals[name] = fn
-    return fn
 
 
 def _wrapper(name: str) -> Callable[..., Any]:
@@ -81,10 +34,10 @@ def _wrapper(name: str) -> Callable[..., Any]:
             fn = getattr(compat, name)
         try:
             return fn(*args, **kwargs)
-        except ValueError as exc:  # compat.Unsupported is one; compat is imported only then
-            from .compat import Unsupported
+        except ValueError as exc:  # UnsupportedError is one
+            from ..edge.errors import UnsupportedError
 
-            if not isinstance(exc, Unsupported):
+            if not isinstance(exc, UnsupportedError):
                 raise
             # An option stubcache does not handle (SYCL, is_standalone, ...): torch's own loader,
             # exactly as the unpatched program would have called it.
@@ -121,8 +74,9 @@ def unpatch_torch() -> None:
         return
     with _lock:
         for name in NAMES:
-            if is_dropin(getattr(module, name, None)) and name in _originals:
-                setattr(module, name, _originals[name])
+            original = remembered_original(name)
+            if is_dropin(getattr(module, name, None)) and original is not None:
+                setattr(module, name, original)
 
 
 def is_patched() -> bool:

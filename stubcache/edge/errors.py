@@ -37,5 +37,20 @@ class TrustError(StubCacheError):
     """A cache path failed the ownership/permission checks; nothing was loaded from it."""
 
 
+class UntrustedRootError(TrustError):
+    """This user has not chosen to trust the root: nothing is loaded from it or published into
+    it (the cache builds privately). ``how`` says how to trust it."""
+
+    def __init__(self, message: str, how: str) -> None:
+        super().__init__(message)
+        self.how = how
+
+
+class UnsupportedError(StubCacheError, ValueError):
+    """An option of torch's loaders that stubcache's drop-ins do not handle (SYCL, ``gil_not_used``,
+    ...). A :class:`ValueError`, as before it had a base of its own; the patched torch loaders hand
+    such a call to torch's own function instead."""
+
+
 class CacheMissError(StubCacheError):
     """``STUBCACHE_REQUIRE_HIT`` is set and the requested stub is not in any cache."""

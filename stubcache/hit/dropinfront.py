@@ -18,7 +18,6 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path
 if TYPE_CHECKING:
     from typing import Any, Sequence
 
-MARK = "__stubcache_dropin__"  # set on the drop-ins (stubcache.dropin.patch reads it)
 # load_inline's parameters that become spec fields, in stubcache.key.spec.FIELDS' order (the name
 # aside): a call is these values, frozen, as stubcache.dropin.compat forms it from FIELDS
 # (tests/test_hitpath_imports.py checks that the two agree).
@@ -63,7 +62,7 @@ def load_inline(
     (see :mod:`stubcache.dropin.builddir` for the checks on the directory). ``keep_intermediates`` and
     ``use_pch`` are accepted and ignored; flags are split into words as torch's build file does,
     but never seen by a shell; ``functions`` may also be a tuple. SYCL and ``gil_not_used`` are not
-    supported (:class:`stubcache.dropin.compat.Unsupported`, a ``ValueError``; a patched torch hands such
+    supported (:class:`stubcache.UnsupportedError`, a ``ValueError``; a patched torch hands such
     calls to torch).
     """
     args = locals()
@@ -99,4 +98,4 @@ def _load(hit: hitpath.Hit, build_directory: str | None, name: str) -> str | Non
     return hitpath.REAL_PATHS[hit.path]  # the real path it was loaded (and checked) by
 
 
-setattr(load_inline, MARK, True)
+setattr(load_inline, hitpath.DROPIN_MARK, True)

@@ -17,6 +17,8 @@ from _thread import allocate_lock  # threading.Lock without importing threading 
 
 from ..edge import _json
 from ..edge._digest import sha256
+from ..hit.hitpath import path_sig
+from .memofile import load_json, write_json
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
 if TYPE_CHECKING:
@@ -54,7 +56,7 @@ _ENV_DATA = getattr(os.environ, "_data", None)
 _ENV_KEYS_RAW = tuple(os.environ.encodekey(k) for k in KEY_ENV_VARS) if _ENV_DATA is not None else ()
 
 
-def _env_snapshot() -> tuple:
+def env_snapshot() -> tuple:
     """The key environment variables' raw values: a few dict lookups, cheap enough for every call."""
     if _ENV_DATA is not None:
         get = _ENV_DATA.get
@@ -62,7 +64,7 @@ def _env_snapshot() -> tuple:
     return tuple([os.environ.get(k) for k in KEY_ENV_VARS])
 
 
-def _env_from_snapshot(snap: tuple) -> dict[str, str]:
+def env_from_snapshot(snap: tuple) -> dict[str, str]:
     out = {}
     for name, raw in zip(KEY_ENV_VARS, snap):
         if raw is not None:
@@ -89,40 +91,6 @@ def torch_dir() -> str | None:
     return list(spec.submodule_search_locations)[0]
 
 
-def _write_json(path: str, data: dict) -> None:
-    """Best-effort atomic write of a memo (readers see the old file or the new one)."""
-    from ..edge import fsroot
-    from ..storage import locking
-
-    try:
-        parent, name = os.path.split(path)
-        with fsroot.Dir(parent) as dfd:  # never through a planted link (O_EXCL temp, dir fd)
-            locking.write_file(dfd, name, _json.dumps(data).encode(), mode=0o644)
-    except (OSError, ValueError):
-        pass
-
-
-def _load_json(path: str):
-    """A memo's JSON: a regular file only, size-capped (a FIFO planted in state/ cannot hang a start)."""
-    from ..edge import fsroot
-
-    try:
-        return _json.loads(fsroot.read_at(None, path, fsroot.SMALL_CAP * 16))
-    except RecursionError:
-        raise ValueError("nests too deeply") from None
-
-
-def which(command: str) -> str | None:
-    """``shutil.which`` for executables, without importing shutil on the hit path."""
-    if os.sep in command:
-        return command if os.path.isfile(command) and os.access(command, os.X_OK) else None
-    for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
-        cand = os.path.join(d or ".", command)
-        if os.path.isfile(cand) and os.access(cand, os.X_OK):
-            return cand
-    return None
-
-
 # --- whole-fingerprint memo -------------------------------------------------------------------
 # A fresh process's first hit spends most of its time here (find_spec, reading version.py,
 # realpath, two memo files). This memo stores the finished fingerprint with the stat
@@ -131,15 +99,7 @@ def which(command: str) -> str | None:
 # directory searched before it (a compiler added earlier on PATH changes that directory's mtime).
 
 
-def _sig(path: str) -> list | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
-
-
-def _fast_memo_path(state_dir: str, env: dict) -> str:
+def fast_memo_path(state_dir: str, env: dict) -> str:
     # A compiler cache's own variables (CCACHE_COMPILER, CCACHE_PREFIX, …) choose the compiler
     # it runs: a fingerprint holds only for their values.
     wrapper_env = sorted([(k, v) for k, v in os.environ.items() if k.startswith(("CCACHE_", "SCCACHE_", "BUILDCACHE_"))])
@@ -157,9 +117,9 @@ def _fast_memo_get(state_dir: str | None, env: dict) -> dict | None:
     if not state_dir:
         return None
     try:
-        data = _load_json(_fast_memo_path(state_dir, env))
+        data = load_json(fast_memo_path(state_dir, env))
         for path, sig in data["validators"]:
-            if _sig(path) != sig:
+            if path_sig(path) != sig:
                 return None
         fp = data["fp"]
         return fp if fp.get("env") == env and fp.get("format") == FORMAT_VERSION else None
@@ -215,11 +175,11 @@ class Fingerprint:
         Costs one environment snapshot when nothing changed; if ``CXX``, ``TORCH_CUDA_ARCH_LIST``
         or another key variable changed since, it is recomputed: builds read the live
         environment, so the key must too."""
-        snap = _env_snapshot()
+        snap = env_snapshot()
         current = self._current
         if current is not None and current[0] == snap:
             return current[1]
-        env = _env_from_snapshot(snap)  # the values of this snapshot, not a later re-read
+        env = env_from_snapshot(snap)  # the values of this snapshot, not a later re-read
         fp = _fast_memo_get(self.state_dir, env)
         if fp is None:
             from . import toolchain
@@ -233,7 +193,7 @@ class Fingerprint:
                 "env": env,
             }
             if self.state_dir and not self.read_only and os.path.isdir(self.state_dir):
-                _write_json(_fast_memo_path(self.state_dir, env),
+                write_json(fast_memo_path(self.state_dir, env),
                             {"fp": fp, "validators": toolchain.validators(fp, env, self.torch_dir())})
         self._current = (snap, fp)
         return fp

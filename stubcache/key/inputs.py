@@ -16,8 +16,7 @@ by directory: one ``stat`` of a directory whose mtime did not change proves that
 appeared in it.
 
 Nothing here imports more than ``os``. The build-time half (recording what a build read, the
-compiler's search path) is :mod:`stubcache.key.tracking`, imported on first use: its names are
-reachable here too (``inputs.track``), so a hit never loads it.
+compiler's search path) is :mod:`stubcache.key.tracking`, which only builds import.
 """
 
 from __future__ import annotations
@@ -52,7 +51,7 @@ LINK_DEPFILE = "stubcache.link.deps"
 AS_DEPFILE = "stubcache.as.deps"  # GNU as: files the assembler read (.incbin, .include)
 
 # path -> (signature, sha256) for files this process has hashed: a repeated check is a stat.
-_hashes: dict[str, tuple[list, str]] = {}
+known_hashes: dict[str, tuple[list, str]] = {}
 
 
 def signature(st: os.stat_result) -> list:
@@ -60,7 +59,7 @@ def signature(st: os.stat_result) -> list:
     return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
-def _dir_sig(path: str) -> list | None:
+def dir_sig(path: str) -> list | None:
     try:
         st = os.stat(path)
     except OSError:
@@ -68,7 +67,7 @@ def _dir_sig(path: str) -> list | None:
     return [st.st_dev, st.st_ino, st.st_mtime_ns]
 
 
-def _recordable(sig: list | None) -> list | None:
+def recordable(sig: list | None) -> list | None:
     """A signature stamped within the clock's slack of now could be reused by a write that
     follows at once; record none (the lookup then checks the slow way)."""
     if sig is None or sig[-1] >= time.time_ns() - slack_ns(sig[-1]):
@@ -99,7 +98,7 @@ def still_valid(files: dict, inputs: dict | None, memo_path: str | None = None) 
         raise MalformedInputs(f"malformed tracked-input record ({type(exc).__name__}: {exc})") from None
 
 
-def _read_sig_memo(path: str | None) -> dict:
+def read_sig_memo(path: str | None) -> dict:
     if not path:
         return {}
     from ..edge import _json as json
@@ -124,13 +123,13 @@ def _still_valid(files: dict, inputs: dict | None, memo_path: str | None) -> boo
         sig = signature(st)
         if sigs.get(path) == sig:
             continue
-        seen = _hashes.get(path)
+        seen = known_hashes.get(path)
         if seen is not None and seen[0] == sig:
             if seen[1] != digest:
                 return False
             continue
         if memo is None:
-            memo = _read_sig_memo(memo_path)
+            memo = read_sig_memo(memo_path)
         if memo.get(path) == sig:
             continue
         try:
@@ -139,21 +138,21 @@ def _still_valid(files: dict, inputs: dict | None, memo_path: str | None) -> boo
             return False
         stable = _stable(path, sig)
         if stable:
-            _hashes[path] = (sig, actual)
+            known_hashes[path] = (sig, actual)
         if actual != digest:
             return False
         if stable:
             learned[path] = sig
     for directory, (dsig, candidates) in ((inputs or {}).get("shadows") or {}).items():
-        if _dir_sig(directory) == dsig:
+        if dir_sig(directory) == dsig:
             continue
         for rel in candidates:
             if os.path.lexists(os.path.join(directory, rel)):
                 return False
     if learned and memo_path:
-        from .fingerprint import _write_json
+        from .memofile import write_json
 
-        _write_json(memo_path, {**(memo or {}), **learned})
+        write_json(memo_path, {**(memo or {}), **learned})
     return True
 
 
@@ -192,15 +191,3 @@ def absent_paths(record: dict | None) -> list[str]:
     """The shadow candidates of a :func:`track` record, as absolute paths (for the entry key)."""
     shadows = (record or {}).get("shadows") or {}
     return [os.path.join(d, rel) for d, (_, names) in shadows.items() for rel in names]
-
-
-def __getattr__(name: str):
-    """The build-time names (:mod:`stubcache.key.tracking`), imported on first use."""
-    if name.startswith("__"):
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from . import tracking
-
-    try:
-        return getattr(tracking, name)
-    except AttributeError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None

@@ -13,7 +13,8 @@ import os
 import sys
 
 from ..edge._digest import sha256
-from .fingerprint import _load_json, _sig, _write_json, which
+from ..hit.hitpath import path_sig
+from .memofile import load_json, write_json
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
@@ -21,6 +22,17 @@ if TYPE_CHECKING:
 
 
 _VERSION_LINE = r"^(__version__|cuda|hip|git_version|debug)\s*(?::[^=]*)?=\s*(.+?)\s*$"
+
+
+def which(command: str) -> str | None:
+    """``shutil.which`` for executables, without importing shutil."""
+    if os.sep in command:
+        return command if os.path.isfile(command) and os.access(command, os.X_OK) else None
+    for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        cand = os.path.join(d or ".", command)
+        if os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
+    return None
 
 
 def torch_facts(tdir: str | None, memo: Callable) -> dict[str, Any]:
@@ -71,7 +83,7 @@ def _cxx11_abi(tdir: str, memo: Callable) -> int | None:
 
 def _read_memo(path: str, memo_key: str):
     try:
-        data = _load_json(path)
+        data = load_json(path)
         if data.get("memo_key") == memo_key:
             return data["value"]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -129,7 +141,7 @@ def memo(state_dir: str | None, memo_key: str, compute, valid=None, read_only: b
             log.warning("stubcache: the toolchain memo lock %s.lock is held by %s past %.0fs; probing "
                          "without it", path, locking.describe_holders(lock_fd), _memo_wait())
         value = _host_answer(memo_key, compute, valid)
-        _write_json(path, {"memo_key": memo_key, "value": value})
+        write_json(path, {"memo_key": memo_key, "value": value})
         return value
     finally:
         if lock_fd >= 0:
@@ -168,7 +180,7 @@ def compiler_identity(command: str, memo: Callable) -> dict[str, Any]:
         path = os.path.realpath(found)
         st = os.stat(path)
         driver = wrapped_driver(words, found)
-        dsig = _sig(driver) if driver else None
+        dsig = path_sig(driver) if driver else None
         # A wrapper finds the real compiler on PATH, so PATH is part of what this memo means.
         # The program is named by its inode and change time too: the answer is kept per user
         # across roots (probememo), and a program replaced by one of the same size and mtime
@@ -187,14 +199,14 @@ def compiler_identity(command: str, memo: Callable) -> dict[str, Any]:
             tool = _tool(driver) if driver else None
             if tool:
                 value["real"]["driver"] = tool
-                value["validators"].append([tool["path"], _sig(driver)])
+                value["validators"].append([tool["path"], path_sig(driver)])
             if wrapper:
                 # A prefix command (CCACHE_PREFIX, prefix_command) runs in front of the compiler
                 # and may add flags: identified by content, like a script named by CXX.
                 prefixes = [{"path": p, "sha256": _file_sha256(p)} for p in wrapper_prefixes()]
                 if prefixes:
                     value["real"]["wrapper_prefix"] = prefixes
-                    value["validators"] += [[p["path"], _sig(p["path"])] for p in prefixes]
+                    value["validators"] += [[p["path"], path_sig(p["path"])] for p in prefixes]
             return value
 
         value = memo(memo_key, compute, valid=_compiler_answer_holds)
@@ -241,7 +253,7 @@ def wrapper_config() -> list:
     """What a compiler cache reads to choose and run the compiler: its environment variables
     and its config files (by stat signature, absent ones too): the probe memo's validity."""
     env = sorted((k, v) for k, v in os.environ.items() if k.startswith(WRAPPER_ENV_PREFIXES))
-    return [env, [[f, _sig(f)] for f in wrapper_config_files()]]
+    return [env, [[f, path_sig(f)] for f in wrapper_config_files()]]
 
 
 def _ccache_setting(name: str, env_name: str) -> str | None:
@@ -366,7 +378,7 @@ def _probe_compiler(cmd: list[str]) -> dict:
     import shlex
     import threading
 
-    from .inputs import OWN_DIR_PROBES, compiler_dirs_from, parse_search_path
+    from .tracking import OWN_DIR_PROBES, compiler_dirs_from, parse_search_path
 
     # The default search list, without the include-path variables (they are user directories).
     plain_env = {k: v for k, v in os.environ.items() if k not in ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH")}
@@ -424,7 +436,7 @@ def _probe_compiler(cmd: list[str]) -> dict:
     validators = []
     for tool in real.values():
         if isinstance(tool, dict) and tool.get("path"):
-            validators.append([tool["path"], _sig(tool["path"])])
+            validators.append([tool["path"], path_sig(tool["path"])])
     return {"version": version.strip(), "real": real, "validators": validators}
 
 
@@ -437,7 +449,7 @@ def _compiler_answer_holds(value: dict) -> bool:
 
 def _real_tools_unchanged(value: dict) -> bool:
     try:
-        return all(_sig(p) == sig for p, sig in value.get("validators", []))
+        return all(path_sig(p) == sig for p, sig in value.get("validators", []))
     except (TypeError, ValueError):
         return False
 
@@ -532,7 +544,7 @@ def flag_tools(cxx: str, flags: tuple, ident: dict, memo: Callable) -> dict[str,
             tool = _tool(name.strip())
             value[prog] = tool
             if tool:
-                value["validators"].append([tool["path"], _sig(tool["path"])])
+                value["validators"].append([tool["path"], path_sig(tool["path"])])
         return value
 
     value = memo(memo_key, compute, valid=_real_tools_unchanged)
@@ -575,7 +587,7 @@ def validators(fp: dict, env: dict, tdir: str | None) -> list:
     for tool in (fp["cxx"].get("real") or {}).values():
         if isinstance(tool, dict) and tool.get("path"):
             paths.append(tool["path"])  # the compiler behind a wrapper, its assembler and linker
-    return [[p, _sig(p)] for p in paths]
+    return [[p, path_sig(p)] for p in paths]
 
 
 def python_facts() -> dict[str, Any]:

@@ -2,8 +2,8 @@
 how a lookup checks it): the compiler's include search order, the dependency lists the compiler
 and the linker write, and :func:`track`, which turns them into the record a manifest keeps.
 
-Only builds import this module (through :mod:`stubcache.build.buildinputs`, or ``inputs.<name>``, which
-forwards here); a hit never does.
+Only builds import this module (through :mod:`stubcache.build.buildinputs`, and the toolchain
+probe for the compiler's search path); a hit never does.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from ..edge import kpath
-from .inputs import _dir_sig, _recordable, signature, slack_ns
+from .inputs import dir_sig, recordable, signature, slack_ns
 from ..storage.store import file_sha256
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
@@ -382,7 +382,7 @@ def track(deps: Iterable[str], build_dir: str, pinned: list[str], search: Search
         if signature(st0) != sig or st1.st_ctime_ns >= started_ns - slack_ns(st1.st_ctime_ns):
             unstable.append(path)
         files[path] = digest
-        if _recordable(sig) is not None:
+        if recordable(sig) is not None:
             sigs[path] = sig
         if is_header:
             headers.append(path)
@@ -520,7 +520,7 @@ def file_candidates(cands: Iterable[str], pinned: list[str] = (), out: dict | No
             rel = first  # nothing under it can appear unless this name does
         slot = out.get(anc)
         if slot is None:
-            slot = out[anc] = [_recordable(_dir_sig(anc)), []]
+            slot = out[anc] = [recordable(dir_sig(anc)), []]
         if rel not in slot[1]:
             slot[1].append(rel)
     return out

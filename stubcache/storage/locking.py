@@ -133,13 +133,14 @@ def try_build_lock(fd: int) -> bool:
 def wait_flock(fd: int, op: int, timeout: float, *, max_delay: float = 0.05,
                until: Callable[[], bool] | None = None, notice: Callable[[], None] | None = None,
                notice_after: float = NOTICE_AFTER,
-               attempt: Callable[[int], bool] | None = None) -> bool | None:
-    """Take ``flock(fd, op)``, waiting at most ``timeout`` seconds: True if taken, False when the
-    time is up. The lock is tried without blocking, then again after 2 ms, 3 ms... up to
-    ``max_delay`` between attempts (a blocking ``flock`` could not be bounded).
+               attempt: Callable[[int], bool] | None = None) -> bool:
+    """Take ``flock(fd, op)``, waiting at most ``timeout`` seconds: True if taken, False if not
+    (the time is up, or ``until`` ended the wait). The lock is tried without blocking, then again
+    after 2 ms, 3 ms... up to ``max_delay`` between attempts (a blocking ``flock`` could not be
+    bounded).
 
     ``until``, if given, is a cheap check made before each new attempt: when it returns True the
-    wait ends and ``None`` is returned. ``notice``, if given, is called once after
+    wait ends (False). ``notice``, if given, is called once after
     ``notice_after`` seconds of waiting (to say who holds the lock). ``attempt``, if given, makes
     each non-blocking attempt instead of ``try_flock(fd, op)`` (the build lock's
     :func:`try_build_lock`)."""
@@ -162,7 +163,7 @@ def wait_flock(fd: int, op: int, timeout: float, *, max_delay: float = 0.05,
         time.sleep(min(delay, deadline - now))
         delay = min(delay * 1.5, max_delay)
         if until is not None and until():
-            return None
+            return False
         if attempt(fd):
             return True
 
@@ -350,13 +351,14 @@ def acquire(store: "Store", base: str, timeout: float, name: str, published=None
     Invariants 1, 4 and 11 of docs/design.md rest on it.
 
     An exclusive ``flock`` on that file taken through filelock (:func:`try_build_lock`), waited
-    for at most ``timeout`` seconds with :func:`wait_flock`, re-tried every 2-10 ms (the ``published`` probe between attempts is one
-    ``stat``: cheap to ask often). Logs once, after a few seconds, which process holds the build;
-    raises :class:`LockTimeoutError` after ``timeout``.
+    for at most ``timeout`` seconds with :func:`wait_flock`, re-tried every 2-10 ms. Logs once,
+    after a few seconds, which process holds the build; raises :class:`LockTimeoutError` after
+    ``timeout``.
 
-    ``published``, if given, is a cheap check called between attempts; when it returns True the
-    wait ends and ``None`` is returned: the holder has published, so the caller can look the entry
-    up without taking the lock (otherwise a herd's waiters would queue on the lock one by one just
+    ``published``, if given, is a cheap check (one ``stat``) called between attempts and once
+    more when the time is up; when it returns True the wait ends and ``None`` is returned: the
+    holder has published, so the caller can look the entry up without taking the lock (otherwise
+    a herd's waiters would queue on the lock one by one just
     to find the entry there).
     """
     from ..edge import log
@@ -372,16 +374,14 @@ def acquire(store: "Store", base: str, timeout: float, name: str, published=None
             say = log.warning if progress.verbose() or progress.stderr_is_terminal() else log.info
             say("stubcache: waiting for %s to finish building %r (key %s)", describe_holder(store, base, fd), name, base)
 
-        got = wait_flock(fd, EX, timeout, max_delay=0.01, until=published, notice=notice,
-                         attempt=try_build_lock)
-        if got is False:
+        if wait_flock(fd, EX, timeout, max_delay=0.01, until=published, notice=notice, attempt=try_build_lock):
+            return Lock(fd)
+        if published is None or not published():
             raise LockTimeoutError(
                 f"timed out after {timeout:.0f}s waiting for the build of {name!r} (key {base}) held "
                 f"by {describe_holder(store, base, fd)}; raise STUBCACHE_LOCK_TIMEOUT if builds are slow")
     except BaseException:
         os.close(fd)
         raise
-    if got is None:
-        os.close(fd)
-        return None
-    return Lock(fd)
+    os.close(fd)  # published: no lock needed
+    return None

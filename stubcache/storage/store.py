@@ -21,12 +21,12 @@ import errno
 import os
 import stat
 import time
+from _thread import allocate_lock
 
 from ..edge import _json as json  # the json functions a hit needs, without importing json
-from ..edge import fsroot
+from ..edge import fsroot, log
 from . import locking
 from ..edge._digest import LARGE, sha256
-from ..edge.lazy import lazy_module
 from ..edge.fsroot import check_name
 # The layout's name and the last-used rules, shared with the compact hit path, which pins too.
 from ..hit.hitpath import LAST_USED_RESOLUTION, LAYOUT, NEVER_HIT_ATIME_NS
@@ -35,7 +35,6 @@ from ..hit.hitpath import HitRecord, O_DIR, open_private_dir_at, record_name
 from .manifest import MANIFEST_NAME, Manifest
 from .trust import TrustPolicy
 
-_log = lazy_module("stubcache.edge.log")  # warnings only: not imported on a hit
 
 SUBDIRS = ("entries", "variants", "staging", "locks", "leases", "failures", "pins",
            "quarantine", "trash", "events", "state")
@@ -379,7 +378,7 @@ class Store:
         reason = fsroot.printable(reason, 2000)
         dst = self._move_aside(key, "quarantine")
         if dst is not None:
-            _log.warning("stubcache: quarantined entry %s (%s) -> %s", key, reason, dst)
+            log.warning("stubcache: quarantined entry %s (%s) -> %s", key, reason, dst)
             try:
                 with self.at("quarantine", os.path.basename(dst)) as qfd:
                     fsroot.unlink_at(qfd, "QUARANTINE_REASON")
@@ -448,7 +447,7 @@ class Store:
                 else:
                     locked = True
                 if not locked:
-                    _log.warning("stubcache: the pin of entry %s is held exclusively by %s for over %.0fs; "
+                    log.warning("stubcache: the pin of entry %s is held exclusively by %s for over %.0fs; "
                                  "loading it without a pin (prune may remove it meanwhile)", key,
                                  locking.describe_holders(fd), timeout)
                     os.close(fd)
@@ -548,7 +547,7 @@ class _DirCtx:
 
 
 _KEY_CHARS = frozenset("0123456789abcdef")
-_BASE_LOCK = __import__("_thread").allocate_lock()  # threading.Lock without importing threading
+_BASE_LOCK = allocate_lock()  # threading.Lock without importing threading
 
 
 def _touch(fd: int | None, st: os.stat_result | None = None) -> None:

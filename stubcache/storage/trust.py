@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import stat
 
-from ..edge.errors import TrustError
+from ..edge.errors import TrustError, UntrustedRootError
 from ..hit.hitpath import CONFIG_NAME  # at the root, beside v1/ (the compact hit path checks it too)
 
 
@@ -91,7 +91,7 @@ def check_dir(path: str, what: str = "cache directory", policy: TrustPolicy | No
     check_stat(os.lstat(path), path, what, policy)
 
 
-def load_policy(root: str, extra_uids: frozenset = frozenset()) -> TrustPolicy:
+def layout_policy(root: str, extra_uids: frozenset = frozenset()) -> TrustPolicy:
     """The layout policy of a root: shared if ``<root>/stubcache-root.json`` says so. This says
     who may write there (used by ``verify``, ``doctor``, ``init``); whether *this* user loads
     code from the root is :func:`loader_policy`'s question. See :func:`load_root_config`."""
@@ -100,7 +100,7 @@ def load_policy(root: str, extra_uids: frozenset = frozenset()) -> TrustPolicy:
 
 def load_root_config(root: str, extra_uids: frozenset = frozenset()) -> tuple[TrustPolicy, dict]:
     """The layout policy of a root and its whole configuration (``{}`` without a config file),
-    read once and checked as :func:`load_policy` describes (settings such as ``max_size`` live
+    read once and checked as :func:`layout_policy` describes (settings such as ``max_size`` live
     in the same file, so they carry the same trust).
 
     That file decides whom to trust, so it and the root directory holding it must be beyond the
@@ -113,7 +113,7 @@ def load_root_config(root: str, extra_uids: frozenset = frozenset()) -> tuple[Tr
     except FileNotFoundError:
         return (TrustPolicy(extra_uids=extra_uids) if extra_uids else private_policy()), {}
     except PermissionError:
-        raise UntrustedRoot(f"cannot read the cache config {path} (permission denied): this account "
+        raise UntrustedRootError(f"cannot read the cache config {path} (permission denied): this account "
                             "is not one the root's owner shares it with", "ask the owner to add this account "
                             "to the root's group, or use a cache directory of your own (STUBCACHE_DIR)") from None
     except OSError as exc:
@@ -154,15 +154,6 @@ def load_root_config(root: str, extra_uids: frozenset = frozenset()) -> tuple[Tr
 
 TRUSTED_ROOTS_ENV = "STUBCACHE_TRUSTED_ROOTS"
 TRUSTED_ROOTS_FILE = "trusted-roots"  # under platformdirs.user_config_dir("stubcache")
-
-
-class UntrustedRoot(TrustError):
-    """This user has not chosen to trust the root: nothing is loaded from it or published into
-    it (the cache builds privately). ``how`` says how to trust it."""
-
-    def __init__(self, message: str, how: str) -> None:
-        super().__init__(message)
-        self.how = how
 
 
 def trusted_roots_file() -> str:
@@ -218,7 +209,7 @@ def _config_hint() -> str:
 
 
 def loader_policy(root: str) -> TrustPolicy:
-    """The policy for loading code from ``root`` as this user, or :class:`UntrustedRoot`.
+    """The policy for loading code from ``root`` as this user, or :class:`UntrustedRootError`.
 
     Like git's ``safe.directory``, trust is anchored in the loading user, never in the root:
     the root must be owned by this user or by root (uid 0), or be listed by the user
@@ -233,9 +224,9 @@ def loader_policy(root: str) -> TrustPolicy:
     if st.st_uid not in (euid, 0):
         explicit = explicitly_trusted(root)
         if not explicit:
-            raise UntrustedRoot(f"the cache root {root} is owned by uid {st.st_uid}, not by you (uid {euid}) "
+            raise UntrustedRootError(f"the cache root {root} is owned by uid {st.st_uid}, not by you (uid {euid}) "
                                 "or root, and you have not said to trust it", how_to_trust(root))
-    policy = load_policy(root, frozenset({st.st_uid}) if explicit else frozenset())
+    policy = layout_policy(root, frozenset({st.st_uid}) if explicit else frozenset())
     if policy.shared:
         gid = policy.gid
         member = os.getegid() == gid or gid in os.getgroups()
@@ -243,13 +234,29 @@ def loader_policy(root: str) -> TrustPolicy:
             if explicit is None:
                 explicit = explicitly_trusted(root)
             if not explicit:
-                raise UntrustedRoot(
+                raise UntrustedRootError(
                     f"the cache root {root} is shared with group {policy.group!r} (gid {gid}); as root, "
                     "stubcache does not load code that its members wrote unless you trust it explicitly",
                     how_to_trust(root))
         elif not member:
-            raise UntrustedRoot(
+            raise UntrustedRootError(
                 f"the shared cache at {root} trusts group {policy.group!r} (gid {gid}), and you are not a "
                 "member; its group counts only for members", "add this account to the group "
                 f"(usermod -aG {policy.group} USER) or use a cache directory of your own (STUBCACHE_DIR)")
     return policy
+
+
+def write_root_config(root: str, cfg: dict) -> str:
+    """Atomically replace ``<root>/stubcache-root.json`` (mode 0644, through the root's descriptor,
+    never following a link); returns its path."""
+    import json
+
+    from ..edge import fsroot
+    from . import locking
+
+    dfd = fsroot.open_dir(root)
+    try:
+        locking.write_file(dfd, CONFIG_NAME, json.dumps(cfg, indent=1).encode("utf-8"), mode=0o644)
+    finally:
+        os.close(dfd)
+    return os.path.join(root, CONFIG_NAME)
