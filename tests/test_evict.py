@@ -196,7 +196,7 @@ def test_entries_never_hit_are_counted_and_evicted_first(cache_root, cxx):
 
 
 def test_every_root_has_a_default_cap_that_off_turns_off(cache_root, cxx):
-    from stubcache.admin.sizecap import DEFAULT_MAX_SIZE
+    from stubcache.edge.settings import DEFAULT_MAX_SIZE
 
     build_real([1], run_py)
     cfg = cli_json(cache_root, "config")

@@ -158,3 +158,35 @@ def test_malformed_root_config_setting_is_reported_never_a_traceback(tmp_path, n
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, (args, proc.stderr)
     doctor = cli(["doctor"], tmp_path)
     assert doctor.returncode == 1 and f"[error] root config: {name} in" in doctor.stdout, doctor.stdout
+
+
+def test_one_module_owns_every_variable_and_the_docs_show_its_table():
+    """stubcache/edge/settings.py names every STUBCACHE_* variable the package reads; --help and
+    docs/cli.md's table are rendered from its rows; the compact hit path's list of variables that
+    send a hit to the full path is its list."""
+    import re
+    from pathlib import Path
+
+    from stubcache.edge import settings
+    from stubcache.hit import hitpath
+
+    repo = Path(__file__).resolve().parent.parent
+    read = set()
+    for f in (repo / "stubcache").rglob("*.py"):
+        read |= set(re.findall(r"STUBCACHE_[A-Z][A-Z_]*[A-Z]", f.read_text(encoding="utf-8")))
+    variables = {v.name for v in settings.VARIABLES}
+    assert read - {"STUBCACHE_REMOTE_"} == variables
+    shown = {n for row in settings.ROWS for n in row.names}
+    assert variables - shown == {settings.FAULT} and shown - variables == {"CXX"}  # FAULT: the crash tests'
+    full = {v.name.encode() for v in settings.VARIABLES if v.full_path}
+    assert set(hitpath.FULL_PATH_SETTINGS) | {n for n in full if n.startswith(hitpath.FULL_PATH_PREFIX)} == full
+    assert {v.name for v in settings.VARIABLES if v.name.startswith(settings.REMOTE)} <= {n.decode() for n in full}
+    doc = repo / "docs" / "cli.md"
+    text = doc.read_text()
+    start = text.index("| variable | effect |")
+    end = text.index("\n\n", start)
+    if os.environ.get("STUBCACHE_WRITE_DOCS") == "1":
+        doc.write_text(text[:start] + settings.doc_table() + text[end:])
+    else:
+        assert text[start:end] == settings.doc_table(), "regenerate: STUBCACHE_WRITE_DOCS=1 python -m pytest " \
+            "tests/test_settings.py -k docs_show"

@@ -293,7 +293,7 @@ def check_toolchain(root: str) -> list[Check]:
 
 def check_environment() -> list[Check]:
     """Settings read from the environment: every malformed one is an error."""
-    from ..edge.settings import SettingsError, lock_timeout, problems
+    from ..edge.settings import REQUIRE_HIT, SettingsError, lock_timeout, problems, require_hit
 
     out: list[Check] = []
     bad = [e for e in problems() if isinstance(e, SettingsError)]
@@ -302,8 +302,7 @@ def check_environment() -> list[Check]:
         out.append(Check("setting", "error", str(exc), f"fix or unset {name}"))
     if not any(getattr(e, "name", "") == "STUBCACHE_LOCK_TIMEOUT" for e in bad):
         out.append(Check("lock timeout", "ok", f"{lock_timeout():g}s (STUBCACHE_LOCK_TIMEOUT)"))
-    if not any(getattr(e, "name", "") == "STUBCACHE_REQUIRE_HIT" for e in bad) and \
-            os.environ.get("STUBCACHE_REQUIRE_HIT", "").strip().lower() in ("1", "true", "yes", "on"):
+    if not any(getattr(e, "name", "") == REQUIRE_HIT for e in bad) and require_hit():
         out.append(Check("require hit", "ok", "STUBCACHE_REQUIRE_HIT is set: a miss raises instead of building"))
     return out
 
@@ -312,7 +311,7 @@ def check_root_config(root: str) -> list[Check]:
     """The settings stored in the root's configuration (``stubcache config``): one that does not
     parse is ignored by every process (the default applies), so it is an error here."""
     from ..edge.errors import TrustError
-    from .sizecap import SETTINGS
+    from ..edge.settings import ROOT_SETTINGS
     from ..storage.trust import load_root_config
 
     if not os.path.lexists(os.path.join(root, "stubcache-root.json")):
@@ -322,7 +321,7 @@ def check_root_config(root: str) -> list[Check]:
     except (TrustError, OSError, ValueError):
         return []  # check_root reports a config it cannot read or trust
     out = []
-    for name, parse in SETTINGS.items():
+    for name, parse in ROOT_SETTINGS.items():
         if cfg.get(name) is None:
             continue
         try:

@@ -110,11 +110,12 @@ def doctor_checks(environ=None) -> list:
     """The remote tier's checks for ``stubcache doctor``: settings, connection, write access,
     eviction policy, and whether sampled blobs carry a valid HMAC under this secret."""
     from .check import Check
-    from ..remote.config import ENV_SECRET, ENV_URL, RemoteConfigError, config_from_env
+    from ..edge.settings import REMOTE, REMOTE_SECRET
+    from ..remote.config import RemoteConfigError, config_from_env
 
     env = os.environ if environ is None else environ
-    if not env.get(ENV_URL):
-        return [Check("remote", "ok", f"not configured ({ENV_URL} unset): local cache only")]
+    if not env.get(REMOTE):
+        return [Check("remote", "ok", f"not configured ({REMOTE} unset): local cache only")]
     try:
         config = config_from_env(env)
     except RemoteConfigError as exc:
@@ -161,7 +162,7 @@ def doctor_checks(environ=None) -> list:
 
             out.append(Check("remote eviction", "ok", f"allkeys-lru within {human_size(info['maxmemory'])} "
                              f"({human_size(info.get('used_memory', 0))} used)"))
-    out.append(_check_secret(backend, config, ENV_SECRET))
+    out.append(_check_secret(backend, config, REMOTE_SECRET))
     backend.close()
     return out
 

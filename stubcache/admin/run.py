@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-ENV_FLAG = "STUBCACHE_PATCH_TORCH"
+from ..edge.settings import PATCH_TORCH
 BOOT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "dropin", "boot")
 
 
@@ -14,7 +14,7 @@ def run_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
     ``PYTHONPATH`` and ``STUBCACHE_PATCH_TORCH=1``. Python processes without them pay nothing."""
     environ = dict(os.environ if environ is None else environ)
     parts = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != BOOT_DIR]
-    return {"PYTHONPATH": os.pathsep.join([BOOT_DIR, *parts]), ENV_FLAG: "1"}
+    return {"PYTHONPATH": os.pathsep.join([BOOT_DIR, *parts]), PATCH_TORCH: "1"}
 
 
 def exec_command(command: list[str]) -> None:

@@ -131,10 +131,10 @@ def init_root(root: str, group: str | None = None) -> list[str]:
     from ..storage.trust import load_root_config, write_root_config
 
     try:  # settings (`stubcache config`) survive a conversion
-        from .sizecap import SETTINGS
+        from ..edge.settings import ROOT_SETTINGS
 
         old = load_root_config(store.root)[1]
-        cfg.update({k: v for k, v in old.items() if k in SETTINGS})
+        cfg.update({k: v for k, v in old.items() if k in ROOT_SETTINGS})
     except Exception:
         pass
     done.append(f"wrote {write_root_config(store.root, cfg)}")

@@ -13,50 +13,15 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from ..edge import log
+from ..edge.settings import DEFAULT_MAX_SIZE, DEFAULT_TOOLCHAIN_MAX_AGE, MAX_SIZE, NO_CAP, ROOT_SETTINGS
 from ..storage import locking
+from ..storage.trust import CONFIG_NAME
 from ..storage.store import Store
 
-ENV_MAX_SIZE = "STUBCACHE_MAX_SIZE"
-#: The cap of a root nobody configured (docs/cache.md#size-cap): room for ~1500 torch-header
-#: entries (~1.3 MiB each) or tens of thousands of header-free ones (15-50 KiB), far more than
-#: the working set of any host, yet a bound on what names that embed a pid pile up.
-DEFAULT_MAX_SIZE = 2 << 30
-NO_CAP = "off"  # the value that turns the cap off, in STUBCACHE_MAX_SIZE or `config set max_size`
-DEFAULT_TOOLCHAIN_MAX_AGE = 30 * 86400.0
 TIME_BOX = 2.0  # seconds a publishing process may spend cleaning
-
-
-def _size(text: Any) -> int | None:
-    """A cap in bytes, or ``None`` for :data:`NO_CAP`."""
-    from ..edge.units import parse_size
-
-    if isinstance(text, int) and not isinstance(text, bool) and text >= 0:
-        return text
-    if not isinstance(text, str):
-        raise ValueError(f"bad size {text!r}")
-    if text.strip().lower() == NO_CAP:
-        return None
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise ValueError(f"{exc}; or {NO_CAP!r} for no cap") from None
-
-
-def _age(text: Any) -> float:
-    from ..edge.units import parse_duration
-
-    if isinstance(text, (int, float)) and not isinstance(text, bool) and text >= 0:
-        return float(text)
-    if not isinstance(text, str):
-        raise ValueError(f"bad duration {text!r}")
-    return parse_duration(text)
-
-
-#: the settings ``stubcache config`` shows and sets: name -> parser of the stored value
-SETTINGS: dict[str, Callable[[Any], Any]] = {"max_size": _size, "toolchain_max_age": _age}
 
 
 def root_settings(root: str) -> dict[str, Any]:
@@ -64,11 +29,11 @@ def root_settings(root: str) -> dict[str, Any]:
     warning; a config that fails the trust checks raises :class:`~stubcache.edge.errors.TrustError`)."""
     from ..storage.trust import load_root_config
 
-    if not os.path.lexists(os.path.join(root, "stubcache-root.json")):
+    if not os.path.lexists(os.path.join(root, CONFIG_NAME)):
         return {}
     cfg = load_root_config(root)[1]
     out = {}
-    for name, parse in SETTINGS.items():
+    for name, parse in ROOT_SETTINGS.items():
         if name in cfg and cfg[name] is not None:  # max_size "off" parses to None: kept
             try:
                 out[name] = parse(cfg[name])
@@ -91,11 +56,11 @@ class SizeCap:
     """The cap in force: ``limit`` in bytes (``None``: none) and where it comes from."""
 
     limit: int | None
-    source: str  # "default", "off", ENV_MAX_SIZE, "root config", or "the smaller of the two"
+    source: str  # "default", "off", MAX_SIZE, "root config", or "the smaller of the two"
 
 
 def env_cap() -> CapSetting:
-    raw = os.environ.get(ENV_MAX_SIZE, "").strip()
+    raw = os.environ.get(MAX_SIZE, "").strip()
     if not raw:
         return CapSetting()
     if raw.lower() == NO_CAP:
@@ -119,7 +84,7 @@ def effective_cap(env: CapSetting, root: CapSetting) -> SizeCap:
     """The smaller of the limits given (a user can tighten a shared root's cap, never loosen
     it); :data:`DEFAULT_MAX_SIZE` if neither source says anything; none if every source that
     does says ``off``."""
-    given = [(c, name) for c, name in ((env, ENV_MAX_SIZE), (root, "root config")) if c.given]
+    given = [(c, name) for c, name in ((env, MAX_SIZE), (root, "root config")) if c.given]
     if not given:
         return SizeCap(DEFAULT_MAX_SIZE, "default")
     limits = [(c.limit, name) for c, name in given if c.limit is not None]
@@ -146,9 +111,9 @@ def set_setting(root: str, name: str, value: str | None) -> Any:
     from ..storage.trust import write_root_config
     from ..storage.trust import load_root_config
 
-    if name not in SETTINGS:
-        raise ValueError(f"unknown setting {name!r}; known: {', '.join(SETTINGS)}")
-    parsed = SETTINGS[name](value) if value is not None else None
+    if name not in ROOT_SETTINGS:
+        raise ValueError(f"unknown setting {name!r}; known: {', '.join(ROOT_SETTINGS)}")
+    parsed = ROOT_SETTINGS[name](value) if value is not None else None
     st = os.lstat(root)
     if os.geteuid() not in (st.st_uid, 0):
         raise PermissionError(f"only the owner of {root} (uid {st.st_uid}) can change its configuration")

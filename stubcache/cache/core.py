@@ -11,7 +11,7 @@ import time
 from _thread import LockType, allocate_lock  # threading's locks without importing threading (hit path)
 
 from ..storage import events
-from ..edge import faults, fsroot, log
+from ..edge import faults, fsroot, log, settings
 from ..hit import hitpath
 from ..key.fingerprint import Fingerprint
 from ..edge.errors import (BuildError, CacheMissError, IntegrityError, LockTimeoutError, StubCacheError,
@@ -86,20 +86,15 @@ class CorruptEntry:
         raise TypeError("a corrupt entry is neither a hit nor a miss: test isinstance(found, Entry)")
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-
-
 def seed_roots() -> list[str]:
     """The read-only stores named by ``STUBCACHE_SEED_DIRS`` (``os.pathsep``-separated)."""
-    raw = os.environ.get("STUBCACHE_SEED_DIRS", "")
-    return [os.path.abspath(p) for p in raw.split(os.pathsep) if p.strip()]
+    return [os.path.abspath(p) for p in settings.path_list(settings.SEED_DIRS)]
 
 
 def _remote_config():
     """The remote-tier settings if ``STUBCACHE_REMOTE`` is set (checked now: a misconfiguration
     is an error at start-up), else ``None``. Imports neither the client nor the network."""
-    if not os.environ.get("STUBCACHE_REMOTE"):
+    if not settings.remote_configured():
         return None
     from ..remote.config import config_from_env
 
@@ -444,7 +439,7 @@ class CacheCore:
             return self._untrusted_root(spec, base, exc)
         if found is not None:
             return found
-        require_hit = _env_flag("STUBCACHE_REQUIRE_HIT")
+        require_hit = settings.require_hit()
         if require_hit and self._remote_config is None:
             raise _require_hit_error(spec, base, self.root)
         # One bound for the whole start: time already spent waiting for a pin counts against it.
@@ -609,7 +604,7 @@ class CacheCore:
             _warned_degraded.add(self.root)
             log.warning("stubcache: not using the cache at %s: %s; building privately (%s; see "
                          "`stubcache doctor`)", self.root, exc, exc.how)
-        if _env_flag("STUBCACHE_REQUIRE_HIT"):
+        if settings.require_hit():
             raise CacheMissError(f"STUBCACHE_REQUIRE_HIT is set and the cache at {self.root} is not trusted: {exc}")
         return self._private_build(spec, base, reason=str(exc))
 

@@ -18,10 +18,10 @@ def _validate_remote(args) -> None:
     """The remote tier's settings, where a remote store is named (``STUBCACHE_REMOTE`` or
     ``--remote-url``): their shape only (URL, mode, timeout, lease, secret length), as the admin
     commands read them; what loading code needs besides (a secret) is checked where it is loaded."""
-    import os
+    from ..edge.settings import remote_configured
 
     url = getattr(args, "remote_url", None)
-    if not (url or os.environ.get("STUBCACHE_REMOTE", "").strip()):
+    if not (url or remote_configured()):
         return
     from ..remote.config import config_from_env
 

@@ -312,14 +312,14 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 def cmd_config(args: argparse.Namespace) -> int:
     from ..edge.errors import TrustError
-    from ..admin.sizecap import (DEFAULT_TOOLCHAIN_MAX_AGE, ENV_MAX_SIZE, NO_CAP, SETTINGS, effective_cap,
-                                 env_cap, root_cap, root_settings, set_setting)
+    from ..admin.sizecap import effective_cap, env_cap, root_cap, root_settings, set_setting
+    from ..edge.settings import DEFAULT_TOOLCHAIN_MAX_AGE, MAX_SIZE, NO_CAP, ROOT_SETTINGS
     from ..edge.units import human_age, human_size
 
     root = _root(args)
     if args.action in ("set", "unset"):
-        if args.name not in SETTINGS:
-            raise UsageError(f"config {args.action} needs a setting name: {', '.join(SETTINGS)}")
+        if args.name not in ROOT_SETTINGS:
+            raise UsageError(f"config {args.action} needs a setting name: {', '.join(ROOT_SETTINGS)}")
         if (args.action == "set") != (args.value is not None):
             raise UsageError("usage: stubcache config set NAME VALUE | stubcache config unset NAME")
         if not os.path.isdir(root):
@@ -356,7 +356,7 @@ def cmd_config(args: argparse.Namespace) -> int:
         yield table(["SETTING", "VALUE", "FROM"], [
             ["max_size", size(cap.limit) if cap.limit is not None else NO_CAP, source],
             ["  root config max_size", given(rootc), f"stubcache config set max_size SIZE|{NO_CAP}"],
-            [f"  {ENV_MAX_SIZE}", given(env), "environment"],
+            [f"  {MAX_SIZE}", given(env), "environment"],
             ["toolchain_max_age", human_age(age), "root config" if "toolchain_max_age" in stored else "default"],
         ])
 

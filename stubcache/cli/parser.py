@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from ..admin.entryfilter import SORTS
+from ..edge.settings import help_text
 
 
 def _globals(parser: argparse.ArgumentParser, sub: bool) -> None:
@@ -36,20 +37,7 @@ def _remote_store_opts(p: argparse.ArgumentParser, url_help: str) -> None:
                    help="seconds per network call (default: $STUBCACHE_REMOTE_TIMEOUT or 2)")
 
 
-_EPILOG = """\
-environment:
-  STUBCACHE_DIR            cache root (default: the platform cache directory, see `stubcache dir`)
-  STUBCACHE_MAX_SIZE       size cap kept after each publish (default 2G; e.g. 10G, or off for
-                           none); also `stubcache config`
-  STUBCACHE_LOCK_TIMEOUT   seconds (or a duration: 10m) to wait for another process's build
-                           (default 600), then build privately
-  STUBCACHE_SEED_DIRS      read-only caches searched first (':'-separated), e.g. baked into an image
-  STUBCACHE_REQUIRE_HIT    1: fail (CacheMissError) instead of compiling on a miss
-  STUBCACHE_TRUSTED_ROOTS  roots owned by others that you trust (':'-separated)
-  STUBCACHE_PATCH_TORCH    set by `stubcache run`: patch torch's loaders at start-up
-  STUBCACHE_REMOTE, STUBCACHE_REMOTE_MODE, STUBCACHE_REMOTE_SECRET, STUBCACHE_REMOTE_TIMEOUT,
-  STUBCACHE_REMOTE_INSECURE, STUBCACHE_REMOTE_LEASE  the optional fleet-wide remote tier
-  CXX                      the compiler (default c++), part of every key
+_EPILOG = "environment:\n" + help_text() + """
 
 exit codes:
   0    ok

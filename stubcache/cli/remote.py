@@ -13,7 +13,8 @@ from .output import View, iso, note, short_compiler, show, table
 
 
 def _backend(args: argparse.Namespace):
-    from ..remote.config import ENV_URL, RemoteConfigError, config_from_env
+    from ..edge.settings import REMOTE
+    from ..remote.config import RemoteConfigError, config_from_env
     from ..remote.tier import make_backend
 
     try:
@@ -21,7 +22,7 @@ def _backend(args: argparse.Namespace):
     except RemoteConfigError as exc:
         raise UsageError(str(exc)) from None
     if config is None:
-        raise UsageError(f"no remote store: set {ENV_URL} or pass --remote-url URL")
+        raise UsageError(f"no remote store: set {REMOTE} or pass --remote-url URL")
     return config, make_backend(config)
 
 

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import os
 
+from .settings import FAULT
+
 
 def point(name: str) -> None:
-    fault = os.environ.get("STUBCACHE_FAULT")
+    fault = os.environ.get(FAULT)
     if fault is None:
         return
     import signal

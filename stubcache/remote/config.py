@@ -11,12 +11,7 @@ from typing import Mapping
 
 from ..edge.errors import StubCacheError
 
-ENV_URL = "STUBCACHE_REMOTE"
-ENV_MODE = "STUBCACHE_REMOTE_MODE"
-ENV_SECRET = "STUBCACHE_REMOTE_SECRET"
-ENV_TIMEOUT = "STUBCACHE_REMOTE_TIMEOUT"
-ENV_INSECURE = "STUBCACHE_REMOTE_INSECURE"
-ENV_LEASE = "STUBCACHE_REMOTE_LEASE"
+from ..edge.settings import REMOTE, REMOTE_INSECURE, REMOTE_LEASE, REMOTE_MODE, REMOTE_SECRET, REMOTE_TIMEOUT
 
 MODE_READ = "read"
 MODE_READ_WRITE = "read-write"
@@ -24,7 +19,7 @@ MODES = (MODE_READ, MODE_READ_WRITE)
 DEFAULT_TIMEOUT = 2.0    # seconds, per network call
 DEFAULT_LEASE = 15.0     # seconds a build lease lives without a heartbeat
 MIN_SECRET_BYTES = 16
-ENV_REMOTE_HINT = f"{ENV_URL} is set"
+ENV_REMOTE_HINT = f"{REMOTE} is set"
 
 # URL scheme -> "module:class" of the backend. Adding a backend is one line here (docs/remote.md).
 BACKENDS = {
@@ -76,10 +71,10 @@ def _check_url(url: str) -> None:
         parts = urlsplit(url)
         parts.port  # raises on a port that is not a number in 0-65535
     except ValueError as exc:
-        raise RemoteConfigError(f"{ENV_URL}={redact(url)!r}: {exc}") from None
+        raise RemoteConfigError(f"{REMOTE}={redact(url)!r}: {exc}") from None
     db = parts.path[1:] if parts.path.startswith("/") else parts.path
     if db and not db.isdigit():
-        raise RemoteConfigError(f"{ENV_URL}={redact(url)!r}: the database must be a number "
+        raise RemoteConfigError(f"{REMOTE}={redact(url)!r}: the database must be a number "
                                 f"(redis://host:port/DB), got {db!r}")
 
 
@@ -133,43 +128,43 @@ def config_from_env(environ: Mapping[str, str] | None = None, *, url: str | None
     (``ls``/``prune``/``doctor``, which load no code) skips the secret requirements.
     """
     env = os.environ if environ is None else environ
-    url = url if url is not None else env.get(ENV_URL, "")
+    url = url if url is not None else env.get(REMOTE, "")
     url = url.strip()
     if not url:
         return None
     scheme = url.partition("://")[0].lower() if "://" in url else ""
     if scheme not in BACKENDS:
         raise RemoteConfigError(
-            f"{ENV_URL}={redact(url)!r}: unsupported URL; use redis://[user:password@]host:port/db "
+            f"{REMOTE}={redact(url)!r}: unsupported URL; use redis://[user:password@]host:port/db "
             f"or rediss://… for TLS (supported schemes: {', '.join(sorted(BACKENDS))})")
     _check_url(url)
-    mode = (mode if mode is not None else env.get(ENV_MODE, "")).strip().lower() or MODE_READ_WRITE
+    mode = (mode if mode is not None else env.get(REMOTE_MODE, "")).strip().lower() or MODE_READ_WRITE
     if mode not in MODES:
-        raise RemoteConfigError(f"{ENV_MODE} must be 'read' or 'read-write', got {mode!r}")
-    t = _seconds(str(timeout) if timeout is not None else env.get(ENV_TIMEOUT), ENV_TIMEOUT, DEFAULT_TIMEOUT)
-    lease = _seconds(env.get(ENV_LEASE), ENV_LEASE, DEFAULT_LEASE)
-    raw_secret = env.get(ENV_SECRET, "")
+        raise RemoteConfigError(f"{REMOTE_MODE} must be 'read' or 'read-write', got {mode!r}")
+    t = _seconds(str(timeout) if timeout is not None else env.get(REMOTE_TIMEOUT), REMOTE_TIMEOUT, DEFAULT_TIMEOUT)
+    lease = _seconds(env.get(REMOTE_LEASE), REMOTE_LEASE, DEFAULT_LEASE)
+    raw_secret = env.get(REMOTE_SECRET, "")
     secret = raw_secret.encode("utf-8", "surrogateescape") if raw_secret else None
-    insecure = _flag(env.get(ENV_INSECURE))
+    insecure = _flag(env.get(REMOTE_INSECURE))
     if secret is not None and len(secret) < MIN_SECRET_BYTES:
-        raise RemoteConfigError(f"{ENV_SECRET} is {len(secret)} bytes; use at least {MIN_SECRET_BYTES} "
+        raise RemoteConfigError(f"{REMOTE_SECRET} is {len(secret)} bytes; use at least {MIN_SECRET_BYTES} "
                                 "random bytes (e.g. `openssl rand -hex 32`), the same on every host")
     if not for_admin and secret is None:
         if mode == MODE_READ_WRITE:
             raise RemoteConfigError(
-                f"{ENV_REMOTE_HINT}: read-write mode needs {ENV_SECRET} (an HMAC key shared by the fleet, "
+                f"{ENV_REMOTE_HINT}: read-write mode needs {REMOTE_SECRET} (an HMAC key shared by the fleet, "
                 f"so that a writer to the remote store cannot plant code on hosts); set it, or set "
-                f"{ENV_MODE}=read")
+                f"{REMOTE_MODE}=read")
         if not insecure:
             raise RemoteConfigError(
-                f"{ENV_REMOTE_HINT}: read mode without {ENV_SECRET} loads unauthenticated native code "
-                f"from the remote store; set {ENV_SECRET}, or set {ENV_INSECURE}=1 to accept that risk")
+                f"{ENV_REMOTE_HINT}: read mode without {REMOTE_SECRET} loads unauthenticated native code "
+                f"from the remote store; set {REMOTE_SECRET}, or set {REMOTE_INSECURE}=1 to accept that risk")
     pkg = BACKEND_PACKAGES.get(scheme)
     if pkg:
         import importlib.util
 
         if importlib.util.find_spec(pkg) is None:
-            raise RemoteConfigError(f"{ENV_URL} is set but the {pkg!r} client package is not installed: "
+            raise RemoteConfigError(f"{REMOTE} is set but the {pkg!r} client package is not installed: "
                                     "pip install 'stubcache[remote]'")
     return RemoteConfig(url, mode, secret, t, lease, insecure)
 

@@ -74,7 +74,9 @@ def file_sha256(fd_or_path) -> str:
 
 def default_root() -> str:
     """``STUBCACHE_DIR``, else ``platformdirs.user_cache_dir("stubcache")``."""
-    env = os.environ.get("STUBCACHE_DIR")
+    from ..edge.settings import root_dir
+
+    env = root_dir()
     if env:
         return os.path.abspath(os.path.expanduser(env))
     import platformdirs  # only when no explicit root: keeps the hit path light

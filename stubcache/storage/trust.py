@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import stat
 
+from ..edge import settings
 from ..edge.errors import TrustError, UntrustedRootError
 from ..hit.hitpath import CONFIG_NAME  # at the root, beside v1/ (the compact hit path checks it too)
 
@@ -152,7 +153,6 @@ def load_root_config(root: str, extra_uids: frozenset = frozenset()) -> tuple[Tr
 
 # --- trust anchored in the loading user ----------------------------------------------------------
 
-TRUSTED_ROOTS_ENV = "STUBCACHE_TRUSTED_ROOTS"
 TRUSTED_ROOTS_FILE = "trusted-roots"  # under platformdirs.user_config_dir("stubcache")
 
 
@@ -168,7 +168,7 @@ def trusted_roots() -> list[str]:
     regular file owned by this user (or root) and writable by nobody else."""
     from ..edge import fsroot
 
-    out = [p for p in os.environ.get(TRUSTED_ROOTS_ENV, "").split(os.pathsep) if p.strip()]
+    out = settings.path_list(settings.TRUSTED_ROOTS)
     try:
         path = trusted_roots_file()
         fd = fsroot.open_regular(None, path)
@@ -197,7 +197,7 @@ def explicitly_trusted(root: str) -> bool:
 
 
 def how_to_trust(root: str) -> str:
-    return (f"if you trust everyone who can write to it, export {TRUSTED_ROOTS_ENV}={root} or add "
+    return (f"if you trust everyone who can write to it, export {settings.TRUSTED_ROOTS}={root} or add "
             f"that line to {_config_hint()}; otherwise use a cache directory of your own (STUBCACHE_DIR)")
 
 
