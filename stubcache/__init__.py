@@ -24,6 +24,18 @@ if "-m" in _sys.orig_argv and _sys.orig_argv[_sys.orig_argv.index("-m") + 1:][:1
     if _sys.path and not getattr(_sys.flags, "safe_path", False) and _sys.path[0] in ("", _os.getcwd()):
         del _sys.path[0]
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
+if TYPE_CHECKING:  # what __getattr__ below returns for each name, for type checkers
+    from . import compat as compat, patch as patch  # the submodules (re-exported)
+    from .cache import Entry
+    from .compat import default_cache, load
+    from .dropin import load_inline
+    from .errors import BuildError, CacheMissError, IntegrityError, LockTimeoutError, StubCacheError, TrustError
+    from .front import StubCache
+    from .manifest import Manifest, __version__
+    from .patch import patch_torch, unpatch_torch
+    from .spec import StubSpec
+
 # Every name is imported when first used: an engine's warm ``stubcache.load_inline`` call needs
 # only the drop-in's front and the compact hit path (stubcache.dropin, stubcache.hitpath), not
 # the cache, the spec or the errors, each of which costs an engine process ~0.1 ms or more.
@@ -34,7 +46,7 @@ _LAZY = {"Entry": "cache", "StubCache": "front", "StubSpec": "spec", "Manifest":
          "patch_torch": "patch", "unpatch_torch": "patch", "compat": None, "patch": None}  # None: the submodule itself
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     if name not in _LAZY:
         raise AttributeError(f"module 'stubcache' has no attribute {name!r}")
     module = _LAZY[name] or name

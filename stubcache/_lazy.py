@@ -4,6 +4,11 @@ stands for, and a hit, which never touches it, never pays for it."""
 
 from __future__ import annotations
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import Any
+
 
 class lazy_module:
     """Stands for the module ``name``; the first attribute read imports it."""
@@ -12,9 +17,9 @@ class lazy_module:
 
     def __init__(self, name: str) -> None:
         self._name = name
-        self._module = None
+        self._module: ModuleType | None = None
 
-    def __getattr__(self, attr: str):
+    def __getattr__(self, attr: str) -> Any:
         module = self._module
         if module is None:
             module = self._module = __import__(self._name, fromlist=["_"])

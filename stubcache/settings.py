@@ -13,6 +13,10 @@ import os
 
 from .errors import StubCacheError
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
+if TYPE_CHECKING:
+    from typing import Callable, Mapping
+
 DEFAULT_LOCK_TIMEOUT = 600.0
 _FLAG_TRUE = ("1", "true", "yes", "on")
 _FLAG_FALSE = ("", "0", "false", "no", "off")
@@ -50,7 +54,7 @@ def seconds(name: str, raw: str, *, allow_zero: bool = True) -> float:
     return value
 
 
-def lock_timeout(environ=None) -> float:
+def lock_timeout(environ: Mapping[str, str] | None = None) -> float:
     """``STUBCACHE_LOCK_TIMEOUT`` in seconds (default 600)."""
     raw = (os.environ if environ is None else environ).get("STUBCACHE_LOCK_TIMEOUT")
     if raw is None or raw.strip() == "":
@@ -58,7 +62,7 @@ def lock_timeout(environ=None) -> float:
     return seconds("STUBCACHE_LOCK_TIMEOUT", raw)
 
 
-def max_size(environ=None) -> int | None:
+def max_size(environ: Mapping[str, str] | None = None) -> int | None:
     """``STUBCACHE_MAX_SIZE`` in bytes, or ``None`` when unset or ``off`` (no cap; which of
     the two it is, ``sizecap.env_cap`` tells apart)."""
     raw = (os.environ if environ is None else environ).get("STUBCACHE_MAX_SIZE", "")
@@ -73,7 +77,7 @@ def max_size(environ=None) -> int | None:
                             "a size with a unit: K, M, G or T (powers of 1024, e.g. 10G), or B for bytes; or off for no cap") from None
 
 
-def flag(name: str, environ=None) -> bool:
+def flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
     """A yes/no variable (``STUBCACHE_REQUIRE_HIT``, ``STUBCACHE_REMOTE_INSECURE``)."""
     raw = (os.environ if environ is None else environ).get(name, "")
     v = raw.strip().lower()
@@ -85,7 +89,7 @@ def flag(name: str, environ=None) -> bool:
 
 
 #: every checked variable -> its check (each raises SettingsError; the remote tier's are checked by stubcache.remote.config)
-CHECKS = {
+CHECKS: dict[str, Callable[[Mapping[str, str]], object]] = {
     "STUBCACHE_LOCK_TIMEOUT": lock_timeout,
     "STUBCACHE_MAX_SIZE": max_size,
     "STUBCACHE_REQUIRE_HIT": lambda env: flag("STUBCACHE_REQUIRE_HIT", env),
@@ -93,7 +97,7 @@ CHECKS = {
 }
 
 
-def problems(environ=None) -> list[StubCacheError]:
+def problems(environ: Mapping[str, str] | None = None) -> list[StubCacheError]:
     """Every malformed setting in ``environ`` (default ``os.environ``), in a stable order."""
     env = os.environ if environ is None else environ
     out: list[StubCacheError] = []
@@ -105,7 +109,7 @@ def problems(environ=None) -> list[StubCacheError]:
     return out
 
 
-def validate(environ=None) -> None:
+def validate(environ: Mapping[str, str] | None = None) -> None:
     """Raise the first malformed setting's error (remote settings are checked where the remote
     tier is configured, by :func:`stubcache.remote.config.config_from_env`)."""
     env = os.environ if environ is None else environ
