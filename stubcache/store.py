@@ -28,10 +28,14 @@ from ._digest import LARGE, sha256
 from ._lazy import lazy_module
 from .fsroot import check_name
 # The layout's name and the last-used rules, shared with the compact hit path, which pins too.
-from .hitpath import LAST_USED_RESOLUTION, LAYOUT, NEVER_HIT_ATIME_NS
+from .hitpath import LAST_USED_RESOLUTION, LAYOUT as LAYOUT, NEVER_HIT_ATIME_NS
 from .hitpath import touch as _touch_pin
 from .manifest import MANIFEST_NAME, Manifest
 from .trust import TrustPolicy
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
+if TYPE_CHECKING:
+    from typing import Any
 
 _log = lazy_module("stubcache._log")  # warnings only: not imported on a hit
 
@@ -39,7 +43,7 @@ SUBDIRS = ("entries", "variants", "staging", "locks", "leases", "failures", "pin
            "quarantine", "trash", "events", "state")
 
 
-def file_sha256(fd_or_path) -> str:
+def file_sha256(fd_or_path: int | str) -> str:
     """SHA-256 of a file, given an open fd (read from offset 0) or a path."""
     if isinstance(fd_or_path, int):
         chunk = os.pread(fd_or_path, LARGE, 0)
@@ -489,7 +493,7 @@ class Store:
                 fsroot.rmtree_at(fd, name)  # a directory planted where our file goes
                 locking.write_file(fd, name, data, mode=mode)
 
-    def _read_json(self, area: str, name: str) -> dict | None:
+    def _read_json(self, area: str, name: str) -> dict[str, Any] | None:
         try:
             with self.at(area) as fd:
                 data = json.loads(fsroot.read_at(fd, name, fsroot.SMALL_CAP))
@@ -504,7 +508,7 @@ class Store:
         except OSError:
             pass  # best-effort cleanup: a broken layout must not turn into an engine's error
 
-    def read_lease(self, base: str) -> dict | None:
+    def read_lease(self, base: str) -> dict[str, Any] | None:
         """The lease of a build, or None; values are as written by whoever wrote the file (a
         group member may have): check types and ranges before use."""
         return self._read_json("leases", f"{base}.json")
@@ -522,7 +526,7 @@ class Store:
         except OSError:
             pass  # waiters then time out or build themselves: the BuildError still reaches this caller
 
-    def read_failure(self, base: str) -> dict | None:
+    def read_failure(self, base: str) -> dict[str, Any] | None:
         return self._read_json("failures", f"{base}.json")
 
     def clear_failure(self, base: str) -> None:
@@ -532,7 +536,7 @@ class Store:
 class _DirCtx:
     __slots__ = ("store", "parts", "create", "fd")
 
-    def __init__(self, store: Store, parts: tuple, create: bool) -> None:
+    def __init__(self, store: Store, parts: tuple[str, ...], create: bool) -> None:
         self.store, self.parts, self.create, self.fd = store, parts, create, -1
 
     def __enter__(self) -> int:
