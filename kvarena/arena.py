@@ -227,7 +227,7 @@ class KvArena:
         self._check_open()
         return self._res.pool
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """The allocator's own view: base, reserved, align, cursor, nalloc, nfree, nfail,
         live (allocations not freed yet) and gen (the slot's configuration count)."""
         self._check_open()
@@ -360,7 +360,7 @@ class KvArena:
                 "tensor's block, reused without asking the arena; writing to it would be an illegal address. "
                 f"commit() up to the end of those blocks before using the tensors allocated here")
 
-    def check_pool(self) -> list:
+    def check_pool(self) -> list[Any]:
         """CUDA: raise :class:`ArenaError` if torch's pool holds memory the arena did not hand out.
 
         torch binds a pool to one device; allocations routed to it on another device, or by a

@@ -24,6 +24,10 @@ from .errors import BuildError
 from .fingerprint import torch_dir
 from .spec import FIELDS, PASS, StubSpec
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from typing import Any
+
 
 AS_NEEDED = "-Wl,--as-needed"
 _torch_lock = threading.Lock()
@@ -35,8 +39,8 @@ class BuildResult:
 
     __slots__ = ("library", "module_name", "headers", "method", "seconds", "log", "inputs", "unstable")
 
-    def __init__(self, library: str, module_name: str, headers: dict, method: str, seconds: float, log: str,
-                 inputs: dict | None = None, unstable: list | None = None):
+    def __init__(self, library: str, module_name: str, headers: dict[str, Any], method: str, seconds: float, log: str,
+                 inputs: dict[str, Any] | None = None, unstable: list[Any] | None = None):
         self.library = library
         self.module_name = module_name
         self.headers = headers  # every tracked input file (headers and linker inputs): {path: sha256}
@@ -47,7 +51,7 @@ class BuildResult:
         self.unstable = unstable or []  # tracked files written while the build ran
 
 
-def build(spec: StubSpec, build_dir: str, compiler: dict | None = None) -> BuildResult:
+def build(spec: StubSpec, build_dir: str, compiler: dict[str, Any] | None = None) -> BuildResult:
     """Build ``spec`` inside ``build_dir`` (which must be private to this build). ``compiler``:
     the fingerprint's record of the real compiler (a cache passes its own; probed if omitted)."""
     if compiler is None:
@@ -79,7 +83,7 @@ def build(spec: StubSpec, build_dir: str, compiler: dict | None = None) -> Build
 
 
 def direct_command(spec: StubSpec, source: str, output: str, depfile: str,
-                   build_dir: str | None = None, compiler: dict | None = None) -> list[str]:
+                   build_dir: str | None = None, compiler: dict[str, Any] | None = None) -> list[str]:
     """The single compiler invocation equivalent to torch's compile + link steps (pure, given
     ``compiler``, the fingerprint's record of the real compiler; probed if omitted).
     With ``build_dir``, that directory is mapped to ``.`` in everything the library records."""
@@ -106,7 +110,7 @@ def direct_command(spec: StubSpec, source: str, output: str, depfile: str,
     return cmd + buildinputs.extra_link_flags(compiler)
 
 
-def _build_direct(spec: StubSpec, build_dir: str, compiler: dict) -> tuple[str, str, list[str]]:
+def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any]) -> tuple[str, str, list[str]]:
     source = os.path.join(build_dir, "main.cpp")
     with open(source, "w", encoding="utf-8", errors="surrogateescape") as fh:
         fh.write("\n".join(spec.cpp_sources))  # surrogates: the undecodable bytes of a load()ed file
@@ -172,7 +176,7 @@ def _inline_sources(sources, build_dir: str, stem: str) -> list[str]:
     return out
 
 
-def load_inline_kwargs(spec: StubSpec, build_dir: str, verbose: bool = False, compiler: dict | None = None) -> dict:
+def load_inline_kwargs(spec: StubSpec, build_dir: str, verbose: bool = False, compiler: dict[str, Any] | None = None) -> dict:
     """The arguments torch's ``load_inline`` gets for ``spec``, all but ``no_implicit_headers``
     (which depends on the installed torch): each field that ``spec.FIELDS`` marks ``PASS`` as its
     JSON value, the ``REWRITE`` ones as set here. Writes a source holding undecodable bytes
@@ -203,7 +207,7 @@ def load_inline_kwargs(spec: StubSpec, build_dir: str, verbose: bool = False, co
     return kwargs
 
 
-def load_kwargs(spec: StubSpec, build_dir: str, verbose: bool = False, compiler: dict | None = None) -> dict:
+def load_kwargs(spec: StubSpec, build_dir: str, verbose: bool = False, compiler: dict[str, Any] | None = None) -> dict:
     """The arguments torch's ``load`` gets for a spec of separate translation units: each source
     written to its own file in ``build_dir`` (``src<i>.cpp``/``.cu``, bytes as given), flags as
     for :func:`load_inline_kwargs`. torch's ``build.ninja`` then has one compile per file, with
@@ -230,11 +234,11 @@ def load_kwargs(spec: StubSpec, build_dir: str, verbose: bool = False, compiler:
     )
 
 
-def _build_units(spec: StubSpec, build_dir: str, compiler: dict) -> tuple[str, str, list[str]]:
+def _build_units(spec: StubSpec, build_dir: str, compiler: dict[str, Any]) -> tuple[str, str, list[str]]:
     return _run_torch("load", spec, build_dir, load_kwargs(spec, build_dir, progress.verbose(), compiler))
 
 
-def _build_load_inline(spec: StubSpec, build_dir: str, compiler: dict) -> tuple[str, str, list[str]]:
+def _build_load_inline(spec: StubSpec, build_dir: str, compiler: dict[str, Any]) -> tuple[str, str, list[str]]:
     global _warned_no_implicit
     import inspect
 
@@ -255,7 +259,7 @@ def _build_load_inline(spec: StubSpec, build_dir: str, compiler: dict) -> tuple[
     return _run_torch("load_inline", spec, build_dir, kwargs)
 
 
-def _run_torch(which: str, spec: StubSpec, build_dir: str, kwargs: dict) -> tuple[str, str, list[str]]:
+def _run_torch(which: str, spec: StubSpec, build_dir: str, kwargs: dict[str, Any]) -> tuple[str, str, list[str]]:
     """Run torch's own ``load_inline`` or ``load`` with ``kwargs``; torch's failure as a BuildError."""
     import glob
 

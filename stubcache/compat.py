@@ -24,8 +24,8 @@ _log = lazy_module("stubcache._log")  # notices only: not imported on a hit
 progress = lazy_module("stubcache.progress")  # verbose builds only: not imported on a quiet hit
 
 _caches: dict[str, StubCache] = {}
-_modules: dict[tuple, Any] = {}
-_call_memo: dict[tuple, Any] = {}
+_modules: dict[tuple[Any, ...], Any] = {}
+_call_memo: dict[tuple[Any, ...], Any] = {}
 # The spec fields load_inline takes from torch's parameters of the same name (FIELDS' torch
 # column), in order; ``name`` is not among them: the drop-in versions it first.
 _FORWARDED = tuple(f.name for f in FIELDS if f.torch and f.name != "name")
@@ -144,7 +144,7 @@ def load_inline(
     cpp_sources: str | Sequence[str],
     cuda_sources: str | Sequence[str] | None = None,
     sycl_sources: str | Sequence[str] | None = None,
-    functions: Sequence[str] | dict | str | None = None,
+    functions: Sequence[str] | dict[str, Any] | str | None = None,
     extra_cflags: Sequence[str] | None = None,
     extra_cuda_cflags: Sequence[str] | None = None,
     extra_sycl_cflags: Sequence[str] | None = None,

@@ -20,7 +20,11 @@ import os
 
 from .errors import BuildError
 
-_loader: list = []  # [path or None], found once per process
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from typing import Any
+
+_loader: list[Any] = []  # [path or None], found once per process
 
 
 def dynamic_loader() -> str | None:

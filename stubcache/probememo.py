@@ -26,6 +26,10 @@ import stat
 from . import _json, fsroot
 from ._digest import sha256
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from typing import Any
+
 CAP = fsroot.SMALL_CAP * 16
 MAX_FILES = 256
 
@@ -87,7 +91,7 @@ def _open_dir(create: bool) -> int | None:
     return pfd
 
 
-def read(memo_key: str) -> dict | None:
+def read(memo_key: str) -> dict[str, Any] | None:
     """The answer kept for ``memo_key`` (a probe's answer is a JSON object), or ``None``."""
     dfd = _open_dir(create=False)
     if dfd is None:

@@ -164,7 +164,7 @@ def _entry_item(e: EntryRecord, reason: str) -> PlanItem:
     return PlanItem("entry", e.path, e.name, e.size, reason, key=e.key, base_key=e.base_key)
 
 
-def eviction_order(e: EntryRecord) -> tuple:
+def eviction_order(e: EntryRecord) -> tuple[Any, ...]:
     """The order in which a size cap evicts: entries no process has hit since they were
     published first (a name or source that embeds a pid makes a new one per start, and nobody
     will ever hit it), then least recently used."""

@@ -17,6 +17,10 @@ import time
 from .store import SUBDIRS, Store
 from .trust import CONFIG_NAME
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from typing import Any
+
 SHARED_ROOT_MODE = 0o2750
 SHARED_DIR_MODE = 0o2770
 SHARED_ENTRY_MODE = 0o2775
@@ -143,7 +147,7 @@ def init_root(root: str, group: str | None = None) -> list[str]:
     return done
 
 
-def write_root_config(root: str, cfg: dict) -> str:
+def write_root_config(root: str, cfg: dict[str, Any]) -> str:
     """Atomically replace ``<root>/stubcache-root.json`` (mode 0644, through the root's descriptor,
     never following a link); returns its path."""
     from . import fsroot, locking

@@ -239,7 +239,7 @@ def reset_counters(events_dir: str, lock_path: str, file_mode: int = 0o600, wait
 _ARCHIVE_START = b'{"ev":"%s"' % Event.ARCHIVE.encode()  # the header line compact_events writes
 
 
-def _archive_header(data: bytes) -> dict | None:
+def _archive_header(data: bytes) -> dict[str, Any] | None:
     first = data.split(b"\n", 1)[0]
     if not first.startswith(_ARCHIVE_START):
         return None

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 _VERSION_LINE = r"^(__version__|cuda|hip|git_version|debug)\s*(?::[^=]*)?=\s*(.+?)\s*$"
 
 
-def torch_facts(tdir: str | None, memo: Callable) -> dict[str, Any]:
+def torch_facts(tdir: str | None, memo: Callable[..., Any]) -> dict[str, Any]:
     if tdir is None:
         return {"version": None}
     import re
@@ -49,7 +49,7 @@ def torch_facts(tdir: str | None, memo: Callable) -> dict[str, Any]:
     return facts
 
 
-def _cxx11_abi(tdir: str, memo: Callable) -> int | None:
+def _cxx11_abi(tdir: str, memo: Callable[..., Any]) -> int | None:
     """torch's ``_GLIBCXX_USE_CXX11_ABI``, read from libc10's symbols and remembered on disk."""
     torch_mod = sys.modules.get("torch")
     if torch_mod is not None and hasattr(torch_mod, "_C"):
@@ -61,7 +61,7 @@ def _cxx11_abi(tdir: str, memo: Callable) -> int | None:
         return None
     memo_key = f"abi:{lib}:{st.st_size}:{st.st_mtime_ns}"
 
-    def compute() -> dict:
+    def compute() -> dict[str, Any]:
         with open(lib, "rb") as fh:
             data = fh.read()
         return {"abi": 1 if b"__cxx11" in data else 0}
@@ -93,7 +93,7 @@ def _memo_wait() -> float:
         return MEMO_LOCK_WAIT
 
 
-def memo(state_dir: str | None, memo_key: str, compute, valid=None, read_only: bool = False) -> dict:
+def memo(state_dir: str | None, memo_key: str, compute, valid=None, read_only: bool = False) -> dict[str, Any]:
     """A tiny on-disk memo for expensive, deterministic toolchain facts (``read_only``: use one
     that is there, write none).
 
@@ -152,7 +152,7 @@ def _host_answer(memo_key: str, compute, valid=None, keep: bool = True):
     return value
 
 
-def compiler_identity(command: str, memo: Callable) -> dict[str, Any]:
+def compiler_identity(command: str, memo: Callable[..., Any]) -> dict[str, Any]:
     """See :meth:`Fingerprint.compiler_identity` (``memo``: its on-disk memo)."""
     import shlex
 
@@ -179,7 +179,7 @@ def compiler_identity(command: str, memo: Callable) -> dict[str, Any]:
         if wrapper:  # its settings choose the compiler it runs (CCACHE_COMPILER, ccache.conf, a prefix)
             memo_key += f":{wrapper_config()}"
 
-        def compute() -> dict:
+        def compute() -> dict[str, Any]:
             value = _probe_compiler([found, *words[1:]])
             # The program named by CXX itself: a script in front of the compiler may add flags.
             value["sha256"] = _file_sha256(path)
@@ -207,7 +207,7 @@ def compiler_identity(command: str, memo: Callable) -> dict[str, Any]:
 TOOL_ENV_VARS = ("COMPILER_PATH", "GCC_EXEC_PREFIX", "CCC_OVERRIDE_OPTIONS")
 
 
-def _tool_env() -> list:
+def _tool_env() -> list[Any]:
     return [os.environ.get(v) for v in TOOL_ENV_VARS]
 
 
@@ -236,7 +236,7 @@ def wrapper_config_files() -> list[str]:
     return list(dict.fromkeys(p for p in out if p))
 
 
-def wrapper_config() -> list:
+def wrapper_config() -> list[Any]:
     """What a compiler cache reads to choose and run the compiler: its environment variables
     and its config files (by stat signature, absent ones too): the probe memo's validity."""
     env = sorted((k, v) for k, v in os.environ.items() if k.startswith(WRAPPER_ENV_PREFIXES))
@@ -306,12 +306,12 @@ def _run_text(cmd: list[str]) -> str:
     return _run_all([cmd])[0]
 
 
-def _run_all(cmds: list[list[str]], env: dict | None = None) -> list[str]:
+def _run_all(cmds: list[list[str]], env: dict[str, Any] | None = None) -> list[str]:
     """Run commands concurrently; each one's stdout+stderr text (``<failed: …>`` if it could not
     run). A cold host probes its compiler once; running the probes side by side keeps that short."""
     import subprocess
 
-    procs: list = []
+    procs: list[Any] = []
     for cmd in cmds:
         try:
             procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -351,7 +351,7 @@ def _resolve_tool(path: str | None) -> str | None:
     return os.path.realpath(path) if path else None
 
 
-def _tool(path: str) -> dict | None:
+def _tool(path: str) -> dict[str, Any] | None:
     """A program by resolved path, SHA-256 and first line of ``--version``."""
     real = _resolve_tool(path)
     if real is None:
@@ -360,7 +360,7 @@ def _tool(path: str) -> dict | None:
     return {"path": real, "sha256": _file_sha256(real), "version": lines[0] if lines else ""}
 
 
-def _probe_compiler(cmd: list[str]) -> dict:
+def _probe_compiler(cmd: list[str]) -> dict[str, Any]:
     """Run the driver (through whatever wraps it) to learn which programs it really runs."""
     import shlex
     import threading
@@ -427,14 +427,14 @@ def _probe_compiler(cmd: list[str]) -> dict:
     return {"version": version.strip(), "real": real, "validators": validators}
 
 
-def _compiler_answer_holds(value: dict) -> bool:
+def _compiler_answer_holds(value: dict[str, Any]) -> bool:
     """A compiler probe's kept answer still holds: it has the shape :func:`compiler_identity`
     reads (a memo file of the user's own may still be damaged) and its tools are unchanged."""
     return (isinstance(value, dict) and "version" in value and isinstance(value.get("real"), dict)
             and isinstance(value.get("validators"), list) and _real_tools_unchanged(value))
 
 
-def _real_tools_unchanged(value: dict) -> bool:
+def _real_tools_unchanged(value: dict[str, Any]) -> bool:
     try:
         return all(_sig(p) == sig for p, sig in value.get("validators", []))
     except (TypeError, ValueError):
@@ -451,11 +451,11 @@ def _boot_id() -> str:
         return str(os.getpid())
 
 
-def native_target(cxx: str, native: tuple, ident: dict, memo: Callable) -> dict[str, Any]:
+def native_target(cxx: str, native: tuple[Any, ...], ident: dict[str, Any], memo: Callable[..., Any]) -> dict[str, Any]:
     """See :meth:`Fingerprint.native_target`."""
     memo_key = f"native:{ident.get('path')}:{ident.get('version')}:{native}:{_boot_id()}"
 
-    def compute() -> dict:
+    def compute() -> dict[str, Any]:
         import shlex
 
         words = shlex.split(cxx) or [cxx]
@@ -507,12 +507,12 @@ def _clang_linker(output: str) -> str | None:
     return found
 
 
-def flag_tools(cxx: str, flags: tuple, ident: dict, memo: Callable) -> dict[str, Any]:
+def flag_tools(cxx: str, flags: tuple[Any, ...], ident: dict[str, Any], memo: Callable[..., Any]) -> dict[str, Any]:
     """See :meth:`Fingerprint.flag_tools`."""
     memo_key = (f"tools2:{ident.get('path')}:{ident.get('version')}:{flags}:{os.environ.get('PATH', '')}:"
                 f"{_tool_env()}")
 
-    def compute() -> dict:
+    def compute() -> dict[str, Any]:
         import shlex
 
         words = shlex.split(cxx) or [cxx]
@@ -545,7 +545,7 @@ def libc() -> str:
         return "unknown"
 
 
-def validators(fp: dict, env: dict, tdir: str | None) -> list:
+def validators(fp: dict[str, Any], env: dict, tdir: str | None) -> list[Any]:
     paths = []
     # The import path up to torch's directory: installing a torch earlier on it changes one of
     # these directories' mtimes.
@@ -600,7 +600,7 @@ def nvcc_command() -> str:
     return nvcc
 
 
-def visible_cuda_archs(memo: Callable) -> list[str] | None:
+def visible_cuda_archs(memo: Callable[..., Any]) -> list[str] | None:
     """Compute capabilities (``"9.0"``) of the GPUs this process sees, as torch's
     ``_get_cuda_arch_flags`` would list them; memoised per boot, GPU set and
     ``CUDA_VISIBLE_DEVICES`` (asking the driver costs a ``cuInit``)."""
@@ -610,7 +610,7 @@ def visible_cuda_archs(memo: Callable) -> list[str] | None:
         gpus = []
     memo_key = f"cudaarch:{_boot_id()}:{gpus}:{os.environ.get('CUDA_VISIBLE_DEVICES')}"
 
-    def compute() -> dict:
+    def compute() -> dict[str, Any]:
         return {"archs": _query_cuda_archs()}
 
     return memo(memo_key, compute).get("archs")

@@ -17,7 +17,7 @@ from .store import file_sha256
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     import subprocess
-    from typing import Iterable
+    from typing import Any, Iterable
 
 
 class SearchPath:
@@ -297,7 +297,7 @@ class Tracked:
 
     __slots__ = ("files", "record", "unstable")
 
-    def __init__(self, files: dict, record: dict, unstable: list[str]) -> None:
+    def __init__(self, files: dict[str, Any], record: dict, unstable: list[str]) -> None:
         self.files = files
         self.record = record
         self.unstable = unstable
@@ -344,11 +344,11 @@ def track(deps: Iterable[str], build_dir: str, pinned: list[str], search: Search
     name found nowhere is recorded as absent in every searched directory."""
     skip = os.path.realpath(build_dir).rstrip("/") + "/"
     files: dict[str, str] = {}
-    sigs: dict[str, list] = {}
+    sigs: dict[str, list[Any]] = {}
     unstable: list[str] = []
     headers: list[str] = []
     pinned_headers: list[str] = []
-    beside: dict[str, set] = {}
+    beside: dict[str, set[Any]] = {}
     probes = list(probes)
 
     def add(path: str, probe: bool = False) -> None:
@@ -410,7 +410,7 @@ def track(deps: Iterable[str], build_dir: str, pinned: list[str], search: Search
             absent_names.append(name)
         else:
             add(found, probe=True)
-    record: dict = {"sigs": sigs}
+    record: dict[str, Any] = {"sigs": sigs}
     if search is not None:
         record["search"] = search.dirs  # the search order, as the compiler named its directories
         record["shadows"] = shadow_candidates(headers + pinned_headers, search, pinned, absent_names, beside,
@@ -448,8 +448,8 @@ def _driver_temporary(path: str) -> bool:
 
 
 def shadow_candidates(headers: list[str], search: SearchPath, pinned: list[str] = (),
-                      absent_names: list[str] = (), beside: dict | None = None, started_ns: int | None = None,
-                      unstable: list | None = None) -> dict:
+                      absent_names: list[str] = (), beside: dict[str, Any] | None = None, started_ns: int | None = None,
+                      unstable: list[Any] | None = None) -> dict[str, Any]:
     """``{directory: [dir signature, [names]]}``: for each header found under search directory D
     as ``rel``, the paths ``E/rel`` for every directory E searched before D (and every directory
     the compiler skipped as missing), and ``P/name`` for each ``#include "name"`` in a tracked
@@ -488,8 +488,8 @@ def shadow_candidates(headers: list[str], search: SearchPath, pinned: list[str] 
     return file_candidates(cands, pinned, None, started_ns, unstable)
 
 
-def file_candidates(cands: Iterable[str], pinned: list[str] = (), out: dict | None = None,
-                    started_ns: int | None = None, unstable: list | None = None) -> dict:
+def file_candidates(cands: Iterable[str], pinned: list[str] = (), out: dict[str, Any] | None = None,
+                    started_ns: int | None = None, unstable: list[Any] | None = None) -> dict[str, Any]:
     """File absolute paths that would change the build if they appeared into ``out``
     (``{directory: [dir signature, [names]]}``, see :func:`shadow_candidates`). A candidate
     that exists already is not one; if it appeared after ``started_ns`` (while the build ran:

@@ -15,13 +15,17 @@ import stat
 from .errors import TrustError
 from .hitpath import CONFIG_NAME  # at the root, beside v1/ (the compact hit path checks it too)
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from typing import Any
+
 
 class TrustPolicy:
     """Who may own, and who may write, the files stubcache loads."""
 
     __slots__ = ("uid", "gid", "group", "_members", "extra_uids")
 
-    def __init__(self, gid: int | None = None, group: str | None = None, extra_uids: frozenset = frozenset()) -> None:
+    def __init__(self, gid: int | None = None, group: str | None = None, extra_uids: frozenset[Any] = frozenset()) -> None:
         self.uid = os.geteuid()
         self.gid = gid
         self.group = group
@@ -91,14 +95,14 @@ def check_dir(path: str, what: str = "cache directory", policy: TrustPolicy | No
     check_stat(os.lstat(path), path, what, policy)
 
 
-def load_policy(root: str, extra_uids: frozenset = frozenset()) -> TrustPolicy:
+def load_policy(root: str, extra_uids: frozenset[Any] = frozenset()) -> TrustPolicy:
     """The layout policy of a root: shared if ``<root>/stubcache-root.json`` says so. This says
     who may write there (used by ``verify``, ``doctor``, ``init``); whether *this* user loads
     code from the root is :func:`loader_policy`'s question. See :func:`load_root_config`."""
     return load_root_config(root, extra_uids)[0]
 
 
-def load_root_config(root: str, extra_uids: frozenset = frozenset()) -> tuple[TrustPolicy, dict]:
+def load_root_config(root: str, extra_uids: frozenset[Any] = frozenset()) -> tuple[TrustPolicy, dict[str, Any]]:
     """The layout policy of a root and its whole configuration (``{}`` without a config file),
     read once and checked as :func:`load_policy` describes (settings such as ``max_size`` live
     in the same file, so they carry the same trust).

@@ -106,7 +106,7 @@ def execute_prune(backend: RemoteBackend, plan: list[RemotePruneItem]) -> None:
 # --- doctor -----------------------------------------------------------------------------------
 
 
-def doctor_checks(environ=None) -> list:
+def doctor_checks(environ=None) -> list[Any]:
     """The remote tier's checks for ``stubcache doctor``: settings, connection, write access,
     eviction policy, and whether sampled blobs carry a valid HMAC under this secret."""
     from ..doctor import Check

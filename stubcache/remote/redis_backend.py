@@ -18,7 +18,7 @@ import functools
 import socket
 import threading
 import time
-from typing import Iterator
+from typing import Any, Iterator
 
 from .backend import BlobHead, RemoteBackend, RemoteUnavailable
 from .config import RemoteConfig
@@ -197,7 +197,7 @@ class RedisBackend(RemoteBackend):
         return bool(self._redis.delete(BLOB + key))
 
     @_wrap
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         server = self._redis.info("server")
         memory = self._redis.info("memory")
         return {"server": f"redis {server.get('redis_version', '?')}",

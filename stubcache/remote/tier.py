@@ -193,7 +193,7 @@ class RemoteTier:
                 raise BlobError("it was built from headers or linker inputs that differ on this host")
         return manifest, library
 
-    def fetch_or_claim(self, key: str, preimage: dict, name: str, budget: float,
+    def fetch_or_claim(self, key: str, preimage: dict[str, Any], name: str, budget: float,
                        may_build: bool = True) -> "Fetched | Claim | None":
         """After a local miss (under the host lock): the verified blob, or a :class:`Claim` if
         this host should build and upload it, or ``None`` to build locally without uploading.
