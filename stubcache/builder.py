@@ -26,7 +26,7 @@ from .spec import FIELDS, PASS, StubSpec
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, Iterable
 
 
 AS_NEEDED = "-Wl,--as-needed"
@@ -145,7 +145,7 @@ def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any]) -> t
 # --- the load_inline path -------------------------------------------------------------------
 
 
-def ninja_safe_flags(flags, field: str) -> list[str]:
+def ninja_safe_flags(flags: Iterable[str], field: str) -> list[str]:
     """Flags as torch must write them into ``build.ninja``, whose commands run through
     ``/bin/sh``: each flag one shell word (quoted when it holds anything but plain characters,
     so the shell hands the compiler exactly the flag), ``$`` escaped for ninja. torch itself
@@ -160,7 +160,7 @@ def ninja_safe_flags(flags, field: str) -> list[str]:
     return out
 
 
-def _inline_sources(sources, build_dir: str, stem: str) -> list[str]:
+def _inline_sources(sources: Iterable[str], build_dir: str, stem: str) -> list[str]:
     """torch writes sources as strict UTF-8 text; a source holding undecodable bytes (surrogate
     escapes from ``load()`` of a non-UTF-8 file) is written byte for byte beside it and included."""
     out = []
@@ -176,7 +176,7 @@ def _inline_sources(sources, build_dir: str, stem: str) -> list[str]:
     return out
 
 
-def load_inline_kwargs(spec: StubSpec, build_dir: str, verbose: bool = False, compiler: dict[str, Any] | None = None) -> dict:
+def load_inline_kwargs(spec: StubSpec, build_dir: str, verbose: bool = False, compiler: dict[str, Any] | None = None) -> dict[str, Any]:
     """The arguments torch's ``load_inline`` gets for ``spec``, all but ``no_implicit_headers``
     (which depends on the installed torch): each field that ``spec.FIELDS`` marks ``PASS`` as its
     JSON value, the ``REWRITE`` ones as set here. Writes a source holding undecodable bytes
@@ -207,7 +207,7 @@ def load_inline_kwargs(spec: StubSpec, build_dir: str, verbose: bool = False, co
     return kwargs
 
 
-def load_kwargs(spec: StubSpec, build_dir: str, verbose: bool = False, compiler: dict[str, Any] | None = None) -> dict:
+def load_kwargs(spec: StubSpec, build_dir: str, verbose: bool = False, compiler: dict[str, Any] | None = None) -> dict[str, Any]:
     """The arguments torch's ``load`` gets for a spec of separate translation units: each source
     written to its own file in ``build_dir`` (``src<i>.cpp``/``.cu``, bytes as given), flags as
     for :func:`load_inline_kwargs`. torch's ``build.ninja`` then has one compile per file, with
@@ -218,7 +218,7 @@ def load_kwargs(spec: StubSpec, build_dir: str, verbose: bool = False, compiler:
     track the files each object read outside the system directories."""
     kwargs = load_inline_kwargs(spec, build_dir, verbose, compiler)
     full_deps = set(ninja_safe_flags(buildinputs.compile_dep_flags(compiler or buildinputs.compiler_facts()), ""))
-    sources = []
+    sources: list[str] = []
     for ext, texts in ((".cpp", spec.cpp_sources), (".cu", spec.cuda_sources)):
         for text in texts:
             path = os.path.join(build_dir, f"src{len(sources)}{ext}")

@@ -80,7 +80,7 @@ def torch_dir() -> str | None:
     call; :meth:`Fingerprint.torch_dir` remembers it)."""
     mod = sys.modules.get("torch")
     if mod is not None and getattr(mod, "__file__", None):
-        return os.path.dirname(mod.__file__)
+        return os.path.dirname(mod.__file__)  # type: ignore[type-var]  # a str: checked above
     import importlib.util
 
     spec = importlib.util.find_spec("torch")
@@ -101,7 +101,7 @@ def _write_json(path: str, data: dict[str, Any]) -> None:
         pass
 
 
-def _load_json(path: str):
+def _load_json(path: str) -> Any:
     """A memo's JSON: a regular file only, size-capped (a FIFO planted in state/ cannot hang a start)."""
     from . import fsroot
 
@@ -152,7 +152,7 @@ def _fast_memo_path(state_dir: str, env: dict[str, Any]) -> str:
                         + ".json")
 
 
-def _fast_memo_get(state_dir: str | None, env: dict[str, Any]) -> dict | None:
+def _fast_memo_get(state_dir: str | None, env: dict[str, Any]) -> dict[str, Any] | None:
     if not state_dir:
         return None
     try:
@@ -184,7 +184,7 @@ class Fingerprint:
         self._lock = allocate_lock()
         # (environment snapshot, fingerprint computed from exactly that snapshot), replaced as
         # one object so a thread can never pair a new environment with an old fingerprint.
-        self._current: tuple[Any, ...] | None = None
+        self._current: tuple[Any, dict[str, Any]] | None = None
         self._compilers: dict[str, dict[str, Any]] = {}
         self._natives: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._flag_tools: dict[tuple[Any, ...], dict[str, Any]] = {}
@@ -193,7 +193,7 @@ class Fingerprint:
     def __repr__(self) -> str:
         return f"Fingerprint({self.state_dir!r}{', read_only=True' if self.read_only else ''})"
 
-    def _once(self, table: dict[str, Any], key: object, compute: Callable[[], dict]) -> dict:
+    def _once(self, table: dict[Any, dict[str, Any]], key: Any, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         """``table[key]``, computed by ``compute`` the first time (outside the lock: a probe runs
         subprocesses; two threads may both compute, and both get the same answer)."""
         with self._lock:
@@ -204,7 +204,7 @@ class Fingerprint:
         with self._lock:
             return table.setdefault(key, value)
 
-    def _memo(self, memo_key: str, compute: Callable[[], dict[str, Any]], valid: Callable[[dict], bool] | None = None) -> dict:
+    def _memo(self, memo_key: str, compute: Callable[[], dict[str, Any]], valid: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, Any]:
         from .toolchain import memo
 
         return memo(self.state_dir, memo_key, compute, valid, self.read_only)

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 _VERSION_LINE = r"^(__version__|cuda|hip|git_version|debug)\s*(?::[^=]*)?=\s*(.+?)\s*$"
 
 
-def torch_facts(tdir: str | None, memo: Callable[..., Any]) -> dict[str, Any]:
+def torch_facts(tdir: str | None, memo: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     if tdir is None:
         return {"version": None}
     import re
@@ -49,7 +49,7 @@ def torch_facts(tdir: str | None, memo: Callable[..., Any]) -> dict[str, Any]:
     return facts
 
 
-def _cxx11_abi(tdir: str, memo: Callable[..., Any]) -> int | None:
+def _cxx11_abi(tdir: str, memo: Callable[..., dict[str, Any]]) -> int | None:
     """torch's ``_GLIBCXX_USE_CXX11_ABI``, read from libc10's symbols and remembered on disk."""
     torch_mod = sys.modules.get("torch")
     if torch_mod is not None and hasattr(torch_mod, "_C"):
@@ -66,10 +66,11 @@ def _cxx11_abi(tdir: str, memo: Callable[..., Any]) -> int | None:
             data = fh.read()
         return {"abi": 1 if b"__cxx11" in data else 0}
 
-    return memo(memo_key, compute).get("abi")
+    abi: int | None = memo(memo_key, compute).get("abi")
+    return abi
 
 
-def _read_memo(path: str, memo_key: str):
+def _read_memo(path: str, memo_key: str) -> Any:
     try:
         data = _load_json(path)
         if data.get("memo_key") == memo_key:
@@ -93,7 +94,8 @@ def _memo_wait() -> float:
         return MEMO_LOCK_WAIT
 
 
-def memo(state_dir: str | None, memo_key: str, compute, valid=None, read_only: bool = False) -> dict[str, Any]:
+def memo(state_dir: str | None, memo_key: str, compute: Callable[[], dict[str, Any]],
+         valid: Callable[[dict[str, Any]], bool] | None = None, read_only: bool = False) -> dict[str, Any]:
     """A tiny on-disk memo for expensive, deterministic toolchain facts (``read_only``: use one
     that is there, write none).
 
@@ -104,7 +106,7 @@ def memo(state_dir: str | None, memo_key: str, compute, valid=None, read_only: b
     path = os.path.join(state_dir, name) if state_dir else None
     if path is None:
         return compute()
-    value = _read_memo(path, memo_key)
+    value: dict[str, Any] | None = _read_memo(path, memo_key)
     if value is not None and (valid is None or valid(value)):
         return value
     if read_only:
@@ -112,7 +114,7 @@ def memo(state_dir: str | None, memo_key: str, compute, valid=None, read_only: b
     from . import fsroot, locking
 
     try:
-        with fsroot.Dir(state_dir) as sfd:
+        with fsroot.Dir(state_dir) as sfd:  # type: ignore[arg-type]  # a state_dir: path is not None
             # A group-writable (shared) state directory gets a group-usable lock file.
             lock_fd = locking.open_lock_at(sfd, name + ".lock", shared=bool(os.fstat(sfd).st_mode & 0o020))
     except OSError:
@@ -135,12 +137,13 @@ def memo(state_dir: str | None, memo_key: str, compute, valid=None, read_only: b
             os.close(lock_fd)
 
 
-def _host_answer(memo_key: str, compute, valid=None, keep: bool = True):
+def _host_answer(memo_key: str, compute: Callable[[], dict[str, Any]],
+                 valid: Callable[[dict[str, Any]], bool] | None = None, keep: bool = True) -> dict[str, Any]:
     """The answer this user's probe memo keeps for ``memo_key`` (:mod:`stubcache.probememo`), if
     it is still valid; else ``compute()``, kept there for the next root (unless not ``keep``)."""
     from . import probememo
 
-    value = probememo.read(memo_key)
+    value: dict[str, Any] | None = probememo.read(memo_key)
     try:
         if value is not None and (valid is None or valid(value)):
             return value
@@ -152,7 +155,7 @@ def _host_answer(memo_key: str, compute, valid=None, keep: bool = True):
     return value
 
 
-def compiler_identity(command: str, memo: Callable[..., Any]) -> dict[str, Any]:
+def compiler_identity(command: str, memo: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     """See :meth:`Fingerprint.compiler_identity` (``memo``: its on-disk memo)."""
     import shlex
 
@@ -186,11 +189,11 @@ def compiler_identity(command: str, memo: Callable[..., Any]) -> dict[str, Any]:
             tool = _tool(driver) if driver else None
             if tool:
                 value["real"]["driver"] = tool
-                value["validators"].append([tool["path"], _sig(driver)])
+                value["validators"].append([tool["path"], _sig(driver)])  # type: ignore[arg-type]  # a tool: a driver
             if wrapper:
                 # A prefix command (CCACHE_PREFIX, prefix_command) runs in front of the compiler
                 # and may add flags: identified by content, like a script named by CXX.
-                prefixes = [{"path": p, "sha256": _file_sha256(p)} for p in wrapper_prefixes()]
+                prefixes: list[dict[str, Any]] = [{"path": p, "sha256": _file_sha256(p)} for p in wrapper_prefixes()]
                 if prefixes:
                     value["real"]["wrapper_prefix"] = prefixes
                     value["validators"] += [[p["path"], _sig(p["path"])] for p in prefixes]
@@ -451,7 +454,7 @@ def _boot_id() -> str:
         return str(os.getpid())
 
 
-def native_target(cxx: str, native: tuple[Any, ...], ident: dict[str, Any], memo: Callable[..., Any]) -> dict[str, Any]:
+def native_target(cxx: str, native: tuple[Any, ...], ident: dict[str, Any], memo: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     """See :meth:`Fingerprint.native_target`."""
     memo_key = f"native:{ident.get('path')}:{ident.get('version')}:{native}:{_boot_id()}"
 
@@ -507,7 +510,7 @@ def _clang_linker(output: str) -> str | None:
     return found
 
 
-def flag_tools(cxx: str, flags: tuple[Any, ...], ident: dict[str, Any], memo: Callable[..., Any]) -> dict[str, Any]:
+def flag_tools(cxx: str, flags: tuple[Any, ...], ident: dict[str, Any], memo: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     """See :meth:`Fingerprint.flag_tools`."""
     memo_key = (f"tools2:{ident.get('path')}:{ident.get('version')}:{flags}:{os.environ.get('PATH', '')}:"
                 f"{_tool_env()}")
@@ -545,7 +548,7 @@ def libc() -> str:
         return "unknown"
 
 
-def validators(fp: dict[str, Any], env: dict, tdir: str | None) -> list[Any]:
+def validators(fp: dict[str, Any], env: dict[str, Any], tdir: str | None) -> list[Any]:
     paths = []
     # The import path up to torch's directory: installing a torch earlier on it changes one of
     # these directories' mtimes.
@@ -600,7 +603,7 @@ def nvcc_command() -> str:
     return nvcc
 
 
-def visible_cuda_archs(memo: Callable[..., Any]) -> list[str] | None:
+def visible_cuda_archs(memo: Callable[..., dict[str, Any]]) -> list[str] | None:
     """Compute capabilities (``"9.0"``) of the GPUs this process sees, as torch's
     ``_get_cuda_arch_flags`` would list them; memoised per boot, GPU set and
     ``CUDA_VISIBLE_DEVICES`` (asking the driver costs a ``cuInit``)."""
@@ -613,7 +616,8 @@ def visible_cuda_archs(memo: Callable[..., Any]) -> list[str] | None:
     def compute() -> dict[str, Any]:
         return {"archs": _query_cuda_archs()}
 
-    return memo(memo_key, compute).get("archs")
+    archs: list[str] | None = memo(memo_key, compute).get("archs")
+    return archs
 
 
 def _query_cuda_archs() -> list[str] | None:
