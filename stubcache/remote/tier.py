@@ -37,7 +37,8 @@ def make_backend(config: RemoteConfig) -> RemoteBackend:
     import importlib
 
     module, _, cls = BACKENDS[config.scheme].partition(":")
-    return getattr(importlib.import_module(module), cls)(config)
+    backend: RemoteBackend = getattr(importlib.import_module(module), cls)(config)
+    return backend
 
 
 def canonical_json(obj: Any) -> str:
@@ -148,7 +149,7 @@ class RemoteTier:
 
     # --- fetch -------------------------------------------------------------------------------
 
-    def _fetch(self, key: str, expected: str):
+    def _fetch(self, key: str, expected: str) -> Fetched | object | None:
         """GET and verify one blob: a :class:`Fetched`, ``None`` (absent), ``_REJECTED`` or ``_DOWN``."""
         t0 = time.perf_counter()
         try:
