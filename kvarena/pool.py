@@ -103,7 +103,7 @@ def cached_blocks(snap: Iterable[dict[str, Any]], lo: int, hi: int) -> list[Span
     return [b for b in blocks(snap) if b.state in CACHED_STATES and b.address < hi and lo < b.address + b.size]
 
 
-def reused_blocks(before: Iterable[dict[str, Any]], after: Iterable[dict], lo: int, hi: int) -> list[Span]:
+def reused_blocks(before: Iterable[dict[str, Any]], after: Iterable[dict[str, Any]], lo: int, hi: int) -> list[Span]:
     """Blocks live in ``after`` that torch carved from blocks cached in ``before`` (so without
     calling the allocator), overlapping ``[lo, hi)``."""
     cached = [b for b in blocks(before) if b.state in CACHED_STATES]

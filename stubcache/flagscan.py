@@ -45,7 +45,7 @@ class FlagScan:
 
     __slots__ = ("search", "host_targets", "tool_flags", "files", "lib_dirs", "lib_names")
 
-    def __init__(self, search: tuple[Any, ...], host_targets: tuple, tool_flags: tuple, files: tuple, lib_dirs: tuple,
+    def __init__(self, search: tuple[Any, ...], host_targets: tuple[str, ...], tool_flags: tuple[str, ...], files: tuple[Any, ...], lib_dirs: tuple[Any, ...],
                  lib_names: tuple[Any, ...]) -> None:
         self.search = search
         self.host_targets = host_targets

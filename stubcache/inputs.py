@@ -72,7 +72,7 @@ def _dir_sig(path: str) -> list[Any] | None:
     return [st.st_dev, st.st_ino, st.st_mtime_ns]
 
 
-def _recordable(sig: list[Any] | None) -> list | None:
+def _recordable(sig: list[Any] | None) -> list[Any] | None:
     """A signature stamped within the clock's slack of now could be reused by a write that
     follows at once; record none (the lookup then checks the slow way)."""
     if sig is None or sig[-1] >= time.time_ns() - slack_ns(sig[-1]):
@@ -87,7 +87,7 @@ class MalformedInputs(ValueError):
     """A manifest's ``headers``/``inputs`` record is not what stubcache writes."""
 
 
-def still_valid(files: dict[str, Any], inputs: dict | None, memo_path: str | None = None) -> bool:
+def still_valid(files: dict[str, Any], inputs: dict[str, Any] | None, memo_path: str | None = None) -> bool:
     """True if every tracked file has its recorded content and no shadowing file appeared.
 
     ``files`` is ``{path: sha256}`` (the manifest's ``headers``); ``inputs`` the manifest's
@@ -116,7 +116,7 @@ def _read_sig_memo(path: str | None) -> dict[str, Any]:
         return {}
 
 
-def _still_valid(files: dict[str, Any], inputs: dict | None, memo_path: str | None) -> bool:
+def _still_valid(files: dict[str, Any], inputs: dict[str, Any] | None, memo_path: str | None) -> bool:
     sigs = (inputs or {}).get("sigs") or {}
     memo: dict[str, Any] | None = None
     learned: dict[str, Any] = {}
@@ -161,7 +161,7 @@ def _still_valid(files: dict[str, Any], inputs: dict | None, memo_path: str | No
     return True
 
 
-def changed_inputs(files: dict[str, Any], inputs: dict | None) -> list[str]:
+def changed_inputs(files: dict[str, Any], inputs: dict[str, Any] | None) -> list[str]:
     """Why an entry's tracked files no longer match, one line each (for ``stubcache explain``);
     empty if they all do. Reads and hashes; remembers nothing."""
     out = []

@@ -297,7 +297,7 @@ class Tracked:
 
     __slots__ = ("files", "record", "unstable")
 
-    def __init__(self, files: dict[str, Any], record: dict, unstable: list[str]) -> None:
+    def __init__(self, files: dict[str, Any], record: dict[str, Any], unstable: list[str]) -> None:
         self.files = files
         self.record = record
         self.unstable = unstable
