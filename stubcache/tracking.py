@@ -214,6 +214,9 @@ def _parse_linker_depfile(text: str, base: str) -> list[str]:
     out = []
     for raw in names:
         escaped = _make_words(raw)
+        if escaped is None:  # ambiguous read as make escapes (lld's): neither spelling is sure
+            out.append(UNEXPRESSED)
+            continue
         cooked = escaped[0] if len(escaped) == 1 else None
         if cooked is None or cooked == raw:
             out.append(raw)  # ld writes names as they are
