@@ -11,7 +11,7 @@ import shlex
 import subprocess
 
 from . import inputs
-from .flagscan import scan
+from .flagscan import FlagScan, scan
 from .fingerprint import torch_dir
 from .spec import StubSpec
 
@@ -125,7 +125,7 @@ def _compile_flags(spec: StubSpec, build_dir: str) -> list[str]:
     return [f for f in flags if not f.startswith(("-Wp,-M", "-M"))]
 
 
-def start_search_probe(spec: StubSpec, build_dir: str) -> subprocess.Popen | None:
+def start_search_probe(spec: StubSpec, build_dir: str) -> subprocess.Popen[bytes] | None:
     """Start asking the compiler for its include search order (``-E -v``), to run beside the
     compile; :func:`tracked_inputs` collects it."""
     try:
@@ -135,7 +135,7 @@ def start_search_probe(spec: StubSpec, build_dir: str) -> subprocess.Popen | Non
 
 
 def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: int,
-                   probe: subprocess.Popen | None = None, compiler: dict[str, Any] | None = None) -> inputs.Tracked:
+                   probe: subprocess.Popen[bytes] | None = None, compiler: dict[str, Any] | None = None) -> inputs.Tracked:
     """Hash what the build read (see :mod:`stubcache.inputs`)."""
     if not deps and not inputs.files_named_by_flags(spec.extra_cflags + spec.extra_ldflags):
         if probe is not None:
@@ -176,7 +176,7 @@ def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: 
     return tracked
 
 
-def _found_in_b_dirs(found) -> list[str]:
+def _found_in_b_dirs(found: FlagScan) -> list[str]:
     """Files named relatively by flags (``-specs=my.specs``) that gcc looks up in the ``-B``
     directories, where they exist now."""
     bdirs, tools = [], list(found.tool_flags)

@@ -31,6 +31,13 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     from typing import Any
 
+    # What __getattr__ below hands out from stubcache.tracking, for type checkers.
+    from .tracking import SearchPath as SearchPath, Tracked as Tracked, file_candidates as file_candidates
+    from .tracking import files_named_by_flags as files_named_by_flags, finish_search_path as finish_search_path
+    from .tracking import has_include_names as has_include_names, library_candidates as library_candidates
+    from .tracking import parse_depfile as parse_depfile, pinned_prefixes as pinned_prefixes
+    from .tracking import start_search_path as start_search_path, track as track
+
 # A file whose ctime is this close to (or after) the start of the build may have been written
 # while the compiler read it: such a build is never published. The kernel stamps files from a
 # coarse clock that lags time.time() by up to a jiffy.
@@ -198,7 +205,7 @@ def absent_paths(record: dict[str, Any] | None) -> list[str]:
     return [os.path.join(d, rel) for d, (_, names) in shadows.items() for rel in names]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     """The build-time names (:mod:`stubcache.tracking`), imported on first use."""
     if name.startswith("__"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -22,9 +22,9 @@ from .errors import BuildError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Sequence
 
-_loader: list[Any] = []  # [path or None], found once per process
+_loader: list[str | None] = []  # [path or None], found once per process
 
 
 def dynamic_loader() -> str | None:
@@ -45,7 +45,7 @@ def dynamic_loader() -> str | None:
     return _loader[0]
 
 
-def unresolved_symbols(library: str, extra_dirs: list[str] = ()) -> list[str] | None:
+def unresolved_symbols(library: str, extra_dirs: Sequence[str] = ()) -> list[str] | None:
     """The symbols of ``library`` that neither its dependencies nor this process define; None
     when the loader cannot tell (no glibc loader here, a dependency it cannot find)."""
     import subprocess
