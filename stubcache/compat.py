@@ -89,7 +89,7 @@ def _import_entry(cache: StubCache, entry: Entry, is_python_module: bool, build_
         path = cache.loaded_path(entry)
         result = _import_module(entry.manifest.module_name, path) if is_python_module else path
         if not is_python_module:
-            torch.ops.load_library(path)
+            torch.ops.load_library(path)  # type: ignore[no-untyped-call]  # torch leaves it untyped
     if entry.published:
         _modules[key] = result
     return result
@@ -104,7 +104,7 @@ def _import_module(name: str, path: str) -> Any:
     if spec is None:
         raise ImportError(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]  # the loader given above
     # `import name` after load() (Megatron, transformers' kernels, nvdiffrast): CPython registers
     # a single-phase extension module there itself; a multi-phase one is put there as well.
     sys.modules.setdefault(name, module)
@@ -130,7 +130,7 @@ def _import_placed(cache: StubCache, entry: Entry, is_python_module: bool, build
             if is_python_module:
                 result = _import_module(entry.manifest.module_name, os.path.abspath(placed.path))
             else:
-                torch.ops.load_library(placed.path)
+                torch.ops.load_library(placed.path)  # type: ignore[no-untyped-call]  # torch leaves it untyped
                 result = placed.path
         lib = ctypes.CDLL(real)  # the handle already loaded by that name (or the first load)
         check_mapped(real, placed.st, entry.manifest.sha256, lib._handle, placed.fd)

@@ -42,8 +42,8 @@ def _fresh_module() -> Any:
     import torch.utils.cpp_extension as cpp_ext
 
     spec = importlib.util.spec_from_file_location("torch.utils._stubcache_cpp_extension", cpp_ext.__file__)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]  # a .py file: a spec
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
     return module
 
 
@@ -69,7 +69,7 @@ def _wrapper(name: str) -> Callable[..., Any]:
     # first imported, and a warm load_inline call then takes the compact hit path (its front,
     # stubcache.dropin); the whole drop-ins (stubcache.compat) load on the first call that needs them.
     original = torch_original(name)
-    front = None
+    front: Callable[..., Any] | None = None
     if name == "load_inline":
         from .dropin import load_inline as front
 

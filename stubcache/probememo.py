@@ -105,7 +105,8 @@ def read(memo_key: str) -> dict[str, Any] | None:
         finally:
             os.close(fd)
         if isinstance(data, dict) and data.get("memo_key") == memo_key and isinstance(data.get("value"), dict):
-            return data["value"]
+            value: dict[str, Any] = data["value"]
+            return value
     except (OSError, ValueError, RecursionError):
         pass
     finally:
@@ -113,7 +114,7 @@ def read(memo_key: str) -> dict[str, Any] | None:
     return None
 
 
-def write(memo_key: str, value) -> None:
+def write(memo_key: str, value: dict[str, Any]) -> None:
     """Keep ``value`` as the answer for ``memo_key`` (atomically, mode ``0600``); best-effort."""
     from . import locking
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from . import _faults, fsroot
 from .locking import flock_held_at, try_flock
@@ -378,7 +378,7 @@ def execute_item(store: Store, item: PlanItem) -> str:
     raise ValueError(f"unknown plan item kind {item.kind!r}")
 
 
-def execute_plan(store: Store, plan: PrunePlan, progress=None) -> PrunePlan:
+def execute_plan(store: Store, plan: PrunePlan, progress: Callable[[int, int], object] | None = None) -> PrunePlan:
     """Carry out every ``remove`` item of ``plan`` in order; fills each item's ``outcome``.
     ``progress``, if given, is called with ``(done, total)`` before each item."""
     removals = plan.removals

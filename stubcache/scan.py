@@ -186,8 +186,8 @@ def _read_entry(store: Store, key: str, pins_fd: int | None, probe_in_use: bool,
         rec.error = f"manifest unreadable: {printable(exc)}"
     if rec.error:
         data, raw = {}, b""
-    pre = data.get("preimage") if isinstance(data.get("preimage"), dict) else {}
-    fp = pre.get("fingerprint") if isinstance(pre.get("fingerprint"), dict) else {}
+    pre: Any = data.get("preimage") if isinstance(data.get("preimage"), dict) else {}
+    fp: Any = pre.get("fingerprint") if isinstance(pre.get("fingerprint"), dict) else {}
     rec.fingerprint = fp
     rec.name = _text(data.get("name")) or "?"
     base = data.get("base_key")

@@ -19,7 +19,7 @@ from .trust import CONFIG_NAME
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, Callable
 
 SHARED_ROOT_MODE = 0o2750
 SHARED_DIR_MODE = 0o2770
@@ -76,7 +76,7 @@ def fix_shared_files(store: Store, gid: int) -> list[str]:
 
     done: list[str] = []
 
-    def one(dfd: int, name: str, mode, directory: bool, label: str) -> None:
+    def one(dfd: int, name: str, mode: int | Callable[[os.stat_result], int], directory: bool, label: str) -> None:
         try:
             if callable(mode):
                 mode = mode(fsroot.lstat_at(dfd, name))

@@ -132,7 +132,8 @@ class RemoteTotals:
             self.errors += 1
 
     def rounded(self) -> "RemoteTotals":
-        return RemoteTotals(**{k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(self).items()})
+        fields: dict[str, Any] = {k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(self).items()}
+        return RemoteTotals(**fields)
 
 
 def counts_since(rec: dict[str, Any], since: float | None) -> bool:

@@ -28,7 +28,7 @@ from ._digest import LARGE, sha256
 from ._lazy import lazy_module
 from .fsroot import check_name
 # The layout's name and the last-used rules, shared with the compact hit path, which pins too.
-from .hitpath import LAST_USED_RESOLUTION, LAYOUT as LAYOUT, NEVER_HIT_ATIME_NS
+from .hitpath import LAST_USED_RESOLUTION, LAYOUT as LAYOUT, NEVER_HIT_ATIME_NS as NEVER_HIT_ATIME_NS
 from .hitpath import touch as _touch_pin
 from .manifest import MANIFEST_NAME, Manifest
 from .trust import TrustPolicy

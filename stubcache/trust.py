@@ -13,7 +13,7 @@ import os
 import stat
 
 from .errors import TrustError
-from .hitpath import CONFIG_NAME  # at the root, beside v1/ (the compact hit path checks it too)
+from .hitpath import CONFIG_NAME as CONFIG_NAME  # at the root, beside v1/ (the compact hit path checks it too)
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ class TrustPolicy:
 
             members: set[int] = set()
             try:
-                names = set(grp.getgrgid(self.gid).gr_mem)
+                names = set(grp.getgrgid(self.gid).gr_mem)  # type: ignore[arg-type]  # a group's: shared
             except KeyError:
                 names = set()
             for pw in pwd.getpwall():
@@ -130,7 +130,7 @@ def load_root_config(root: str, extra_uids: frozenset[Any] = frozenset()) -> tup
     try:
         from . import _json
 
-        cfg = _json.loads(data.decode("utf-8"))
+        cfg: Any = _json.loads(data.decode("utf-8"))
         gid = cfg.get("gid") if cfg.get("mode") == "shared" else None
     except (ValueError, UnicodeDecodeError, AttributeError, RecursionError):  # nested past the parser
         raise TrustError(f"refusing cache config {path}: not valid JSON; recreate it with `stubcache init`") from None
