@@ -301,7 +301,7 @@ class KvArena:
 
     # --- allocation ------------------------------------------------------------------------
 
-    def use(self) -> contextlib.AbstractContextManager:
+    def use(self) -> contextlib.AbstractContextManager[torch.cuda.MemPool]:
         """CUDA only: route this thread's torch allocations on the arena's device into the arena.
 
         ``with arena.use(): kv = torch.empty(shape, dtype=..., device=arena.device)``. An
@@ -411,13 +411,13 @@ class KvArena:
             except ArenaError:
                 t = None  # a traceback must not keep a tensor in unusable memory alive
                 raise
-            off, nbytes = t.data_ptr() - self.base, t.numel() * t.element_size()
+            off, nbytes = t.data_ptr() - self.base, t.numel() * t.element_size()  # type: ignore[union-attr]  # None: raised
             if check_committed and nbytes and off + nbytes > self._committed:
                 del t
                 raise ArenaError(f"a tensor of {nbytes} bytes at offset {off} would end at {off + nbytes}, "
                                  f"past the {self._committed} committed bytes; commit({off + nbytes}) first "
                                  "or pass check_committed=False")
-            return t
+            return t  # type: ignore[return-value]  # None only where it raised
         numel = 1
         for s in shape:
             numel *= s

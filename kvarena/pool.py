@@ -56,7 +56,7 @@ def make_pool(library_path: str, alloc_name: str, free_name: str,
         log.warning("kvarena: torch %s has no MemPool(no_split=); torch may split arena segments "
                     "between tensors (needs torch>=2.10)", torch.__version__)
     with torch.cuda.device(device_index):
-        pool = torch.cuda.MemPool(allocator.allocator(), **kwargs)
+        pool = torch.cuda.MemPool(allocator.allocator(), **kwargs)  # type: ignore[no-untyped-call]  # torch's
     return pool, allocator
 
 
@@ -68,8 +68,8 @@ def snapshot(pool: "torch.cuda.MemPool") -> list[dict[str, Any]]:
 
     fn = torch.cuda.memory_snapshot
     if "include_traces" in inspect.signature(fn).parameters:
-        return fn(pool.id, include_traces=False)
-    return fn(pool.id)
+        return fn(pool.id, include_traces=False)  # type: ignore[no-untyped-call, no-any-return]  # torch's
+    return fn(pool.id)  # type: ignore[no-untyped-call, no-any-return]
 
 
 def segments(snap: Iterable[dict[str, Any]]) -> list[Span]:

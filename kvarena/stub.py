@@ -255,7 +255,7 @@ class Slot:
 
     def alloc(self, size: int, device: int = -1) -> Optional[int]:
         """Allocate ``size`` bytes through the slot's exported function; ``None`` when full."""
-        return self._alloc(size, device, None)
+        return self._alloc(size, device, None)  # type: ignore[no-any-return]  # restype c_void_p: int or None
 
     def free(self, ptr: int, size: int, device: int = -1) -> None:
         """Free through the slot's exported function (rewinds only the latest allocation)."""
@@ -315,11 +315,11 @@ class StubLibrary:
         self._lock = threading.Lock()
         self._free_slots = list(range(self.nslots - 1, -1, -1))  # pop() hands out 0 first
         # closed, waiting for their last caller: (keepers, objects held alive until then)
-        self._retired: dict[int, tuple[list[weakref.ref], tuple[Any, ...]]] = {}
+        self._retired: dict[int, tuple[list[weakref.ref[Any]], tuple[Any, ...]]] = {}
         # Slots released but not yet moved into _retired. _retire only appends here, never
         # takes _lock: it runs from an arena's finalizer, i.e. from whatever allocation the
         # garbage collector runs at, also one made while this thread holds _lock.
-        self._released: list[tuple[int, list[weakref.ref], tuple[Any, ...]]] = []
+        self._released: list[tuple[int, list[weakref.ref[Any]], tuple[Any, ...]]] = []
 
     def slot_stats(self, index: int) -> dict[str, Any]:
         """The stub's counters of slot ``index`` (see :meth:`Slot.stats`)."""
