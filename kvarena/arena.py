@@ -227,7 +227,7 @@ class KvArena:
         self._check_open()
         return self._res.pool
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """The allocator's own view: base, reserved, align, cursor, nalloc, nfree, nfail,
         live (allocations not freed yet) and gen (the slot's configuration count)."""
         self._check_open()
@@ -301,7 +301,7 @@ class KvArena:
 
     # --- allocation ------------------------------------------------------------------------
 
-    def use(self) -> contextlib.AbstractContextManager:
+    def use(self) -> contextlib.AbstractContextManager[torch.cuda.MemPool]:
         """CUDA only: route this thread's torch allocations on the arena's device into the arena.
 
         ``with arena.use(): kv = torch.empty(shape, dtype=..., device=arena.device)``. An
@@ -360,7 +360,7 @@ class KvArena:
                 "tensor's block, reused without asking the arena; writing to it would be an illegal address. "
                 f"commit() up to the end of those blocks before using the tensors allocated here")
 
-    def check_pool(self) -> list:
+    def check_pool(self) -> list[Any]:
         """CUDA: raise :class:`ArenaError` if torch's pool holds memory the arena did not hand out.
 
         torch binds a pool to one device; allocations routed to it on another device, or by a
@@ -411,13 +411,13 @@ class KvArena:
             except ArenaError:
                 t = None  # a traceback must not keep a tensor in unusable memory alive
                 raise
-            off, nbytes = t.data_ptr() - self.base, t.numel() * t.element_size()
+            off, nbytes = t.data_ptr() - self.base, t.numel() * t.element_size()  # type: ignore[union-attr]  # None: raised
             if check_committed and nbytes and off + nbytes > self._committed:
                 del t
                 raise ArenaError(f"a tensor of {nbytes} bytes at offset {off} would end at {off + nbytes}, "
                                  f"past the {self._committed} committed bytes; commit({off + nbytes}) first "
                                  "or pass check_committed=False")
-            return t
+            return t  # type: ignore[return-value]  # None only where it raised
         numel = 1
         for s in shape:
             numel *= s

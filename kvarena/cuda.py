@@ -37,7 +37,7 @@ def cuda_device_index(device: Any) -> int:
     return index
 
 
-def _driver():
+def _driver() -> Any:
     try:
         from cuda.bindings import driver
     except ImportError as exc:

@@ -14,7 +14,7 @@ returns them) so they are tested without a GPU.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Iterable, NamedTuple
+from typing import TYPE_CHECKING, Any, Iterable, NamedTuple
 
 if TYPE_CHECKING:
     import torch
@@ -56,11 +56,11 @@ def make_pool(library_path: str, alloc_name: str, free_name: str,
         log.warning("kvarena: torch %s has no MemPool(no_split=); torch may split arena segments "
                     "between tensors (needs torch>=2.10)", torch.__version__)
     with torch.cuda.device(device_index):
-        pool = torch.cuda.MemPool(allocator.allocator(), **kwargs)
+        pool = torch.cuda.MemPool(allocator.allocator(), **kwargs)  # type: ignore[no-untyped-call]  # torch's
     return pool, allocator
 
 
-def snapshot(pool: "torch.cuda.MemPool") -> list[dict]:
+def snapshot(pool: "torch.cuda.MemPool") -> list[dict[str, Any]]:
     """torch's segments of ``pool`` on every device (no stack traces)."""
     import inspect
 
@@ -68,16 +68,16 @@ def snapshot(pool: "torch.cuda.MemPool") -> list[dict]:
 
     fn = torch.cuda.memory_snapshot
     if "include_traces" in inspect.signature(fn).parameters:
-        return fn(pool.id, include_traces=False)
-    return fn(pool.id)
+        return fn(pool.id, include_traces=False)  # type: ignore[no-untyped-call, no-any-return]  # torch's
+    return fn(pool.id)  # type: ignore[no-untyped-call, no-any-return]
 
 
-def segments(snap: Iterable[dict]) -> list[Span]:
+def segments(snap: Iterable[dict[str, Any]]) -> list[Span]:
     """The segments of a snapshot."""
     return [Span(int(s.get("device", -1)), int(s["address"]), int(s["total_size"])) for s in snap]
 
 
-def blocks(snap: Iterable[dict]) -> list[Span]:
+def blocks(snap: Iterable[dict[str, Any]]) -> list[Span]:
     """Every block of every segment of a snapshot, with its state."""
     out = []
     for seg in snap:
@@ -90,7 +90,7 @@ def blocks(snap: Iterable[dict]) -> list[Span]:
     return out
 
 
-def foreign_segments(snap: Iterable[dict], device_index: int, base: int, reserved: int) -> list[Span]:
+def foreign_segments(snap: Iterable[dict[str, Any]], device_index: int, base: int, reserved: int) -> list[Span]:
     """Segments of the pool that the arena did not hand out: on another device, or outside
     ``[base, base + reserved)``. Empty when every allocation really came from the arena."""
     return [s for s in segments(snap)
@@ -98,12 +98,12 @@ def foreign_segments(snap: Iterable[dict], device_index: int, base: int, reserve
             or not (base <= s.address and s.address + s.size <= base + reserved)]
 
 
-def cached_blocks(snap: Iterable[dict], lo: int, hi: int) -> list[Span]:
+def cached_blocks(snap: Iterable[dict[str, Any]], lo: int, hi: int) -> list[Span]:
     """Cached (not live) blocks of the pool that overlap ``[lo, hi)``."""
     return [b for b in blocks(snap) if b.state in CACHED_STATES and b.address < hi and lo < b.address + b.size]
 
 
-def reused_blocks(before: Iterable[dict], after: Iterable[dict], lo: int, hi: int) -> list[Span]:
+def reused_blocks(before: Iterable[dict[str, Any]], after: Iterable[dict[str, Any]], lo: int, hi: int) -> list[Span]:
     """Blocks live in ``after`` that torch carved from blocks cached in ``before`` (so without
     calling the allocator), overlapping ``[lo, hi)``."""
     cached = [b for b in blocks(before) if b.state in CACHED_STATES]

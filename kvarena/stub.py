@@ -255,7 +255,7 @@ class Slot:
 
     def alloc(self, size: int, device: int = -1) -> Optional[int]:
         """Allocate ``size`` bytes through the slot's exported function; ``None`` when full."""
-        return self._alloc(size, device, None)
+        return self._alloc(size, device, None)  # type: ignore[no-any-return]  # restype c_void_p: int or None
 
     def free(self, ptr: int, size: int, device: int = -1) -> None:
         """Free through the slot's exported function (rewinds only the latest allocation)."""
@@ -265,7 +265,7 @@ class Slot:
         """Bytes handed out so far, from the stub's own cursor query."""
         return int(self.stub._cursor(self.index))
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """``base, reserved, align, cursor, nalloc, nfree, nfail, live, gen`` as the stub sees them."""
         return self.stub.slot_stats(self.index)
 
@@ -315,13 +315,13 @@ class StubLibrary:
         self._lock = threading.Lock()
         self._free_slots = list(range(self.nslots - 1, -1, -1))  # pop() hands out 0 first
         # closed, waiting for their last caller: (keepers, objects held alive until then)
-        self._retired: dict[int, tuple[list[weakref.ref], tuple]] = {}
+        self._retired: dict[int, tuple[list[weakref.ref[Any]], tuple[Any, ...]]] = {}
         # Slots released but not yet moved into _retired. _retire only appends here, never
         # takes _lock: it runs from an arena's finalizer, i.e. from whatever allocation the
         # garbage collector runs at, also one made while this thread holds _lock.
-        self._released: list[tuple[int, list[weakref.ref], tuple]] = []
+        self._released: list[tuple[int, list[weakref.ref[Any]], tuple[Any, ...]]] = []
 
-    def slot_stats(self, index: int) -> dict:
+    def slot_stats(self, index: int) -> dict[str, Any]:
         """The stub's counters of slot ``index`` (see :meth:`Slot.stats`)."""
         out = (ctypes.c_size_t * len(STAT_NAMES))()
         if self._stats(index, out) != 0:
@@ -344,7 +344,7 @@ class StubLibrary:
             index = self._free_slots.pop()
         return Slot(self, index)
 
-    def _retire(self, index: int, keepers: list, hold: tuple = ()) -> None:
+    def _retire(self, index: int, keepers: list[Any], hold: tuple[Any, ...] = ()) -> None:
         self._released.append((index, keepers, hold))  # atomic; taken into _retired under the lock
 
     def _reclaim_locked(self) -> int:

@@ -24,6 +24,18 @@ if "-m" in _sys.orig_argv and _sys.orig_argv[_sys.orig_argv.index("-m") + 1:][:1
     if _sys.path and not getattr(_sys.flags, "safe_path", False) and _sys.path[0] in ("", _os.getcwd()):
         del _sys.path[0]
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
+if TYPE_CHECKING:  # what __getattr__ below returns for each name, for type checkers
+    from .cache.core import Entry
+    from .dropin.compat import default_cache, load
+    from .dropin.patch import patch_torch, unpatch_torch
+    from .edge.errors import (BuildError, CacheMissError, IntegrityError, LockTimeoutError, StubCacheError,
+                              TrustError, UnsupportedError)
+    from .hit.dropinfront import load_inline
+    from .hit.front import StubCache
+    from .key.spec import StubSpec
+    from .storage.manifest import Manifest, __version__
+
 # Every name is imported when first used: an engine's warm ``stubcache.load_inline`` call needs
 # only the drop-in's front and the compact hit path (stubcache.hit.dropinfront, stubcache.hit.hitpath), not
 # the cache, the spec or the errors, each of which costs an engine process ~0.1 ms or more.
@@ -35,7 +47,7 @@ _LAZY = {"Entry": "cache.core", "StubCache": "hit.front", "StubSpec": "key.spec"
          "unpatch_torch": "dropin.patch"}
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     if name not in _LAZY:
         raise AttributeError(f"module 'stubcache' has no attribute {name!r}")
     # __import__, not importlib.import_module: the same import, but one `python -X importtime` reports

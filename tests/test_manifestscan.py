@@ -64,3 +64,10 @@ def test_select_filters_names_and_sorts(store):
     for bad in ("colour=red", "size>lots", "name>x"):
         with pytest.raises(FilterError):
             parse_filter(bad)
+
+
+def test_manifest_annotations_are_its_slots():
+    """Manifest declares its slots' types for type checkers: the same names, in order."""
+    from stubcache.storage.manifest import Manifest
+
+    assert list(Manifest.__annotations__) == list(Manifest.__slots__)

@@ -121,6 +121,14 @@ def test_constructor_signature_is_the_table():
     assert [f.key_name for f in FIELDS] == list(StubSpec("n", C_SRC).canonical())
 
 
+def test_class_annotations_are_the_table():
+    """StubSpec declares its slots' types for type checkers (mypy cannot see the slots made from
+    the table): the fields' must be the table's, in order, then the private slots'."""
+    names = list(StubSpec.__annotations__)
+    assert names[:len(FIELDS)] == [f.name for f in FIELDS]
+    assert set(names) == set(StubSpec.__slots__) and len(names) == len(StubSpec.__slots__)
+
+
 def test_from_dict_knows_the_fields_from_the_table():
     full = {f.name: f.default for f in FIELDS if f.default is not REQUIRED}
     assert StubSpec.from_dict(dict(full, name="n", cpp_sources=C_SRC)) == StubSpec("n", C_SRC)

@@ -10,6 +10,10 @@ import sysconfig
 from ..storage.store import SUBDIRS, Store
 from .check import Check
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from ..storage.trust import TrustPolicy
+
 NETWORK_FS = ("nfs", "nfs4", "lustre", "cifs", "smb3", "smbfs", "fuse.sshfs", "gpfs", "beegfs",
               "glusterfs", "fuse.glusterfs", "ceph", "fuse.ceph", "9p", "afs", "fuse.s3fs", "virtiofs")
 FREE_WARN = 1 << 30
@@ -119,7 +123,7 @@ def check_root(root: str) -> list[Check]:
     return out
 
 
-def check_shared_layout(root: str, policy) -> list[Check]:
+def check_shared_layout(root: str, policy: TrustPolicy) -> list[Check]:
     """Every deviation from the shared layout that stops members from sharing or the owner from
     cleaning up: a layout directory missing or not ``2770`` in the trusted group (the root
     ``2750``), entry directories not ``2775``, pin and lock files not ``0660``. Read-only."""
@@ -203,7 +207,7 @@ def fix_permissions(root: str) -> list[str]:
         from .shared import fix_shared_files
 
         try:
-            done += fix_shared_files(store, policy.gid)
+            done += fix_shared_files(store, policy.gid)  # type: ignore[arg-type]  # shared: a gid
         except OSError as exc:
             done.append(f"skipped: {exc}")
     return done

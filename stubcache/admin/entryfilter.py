@@ -64,7 +64,7 @@ def parse_filter(text: str) -> Filter:
             return lambda e, now: any(fnmatch.fnmatchcase(k or "", value)
                                       for k in (e.key, getattr(e, "base_key", ""))) == want
         return lambda e, now: fnmatch.fnmatchcase(get(e, now), value) == want
-    ops = {">": lambda a, b: a > b, "<": lambda a, b: a < b, ">=": lambda a, b: a >= b,
+    ops: dict[str, Callable[[Any, Any], bool]] = {">": lambda a, b: a > b, "<": lambda a, b: a < b, ">=": lambda a, b: a >= b,
            "<=": lambda a, b: a <= b, "=": lambda a, b: a == b, "!=": lambda a, b: a != b}
     fn = ops[op]
     return lambda e, now: fn(get(e, now), value)

@@ -40,9 +40,9 @@ def differences(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, An
     return diff_preimages(a, b)
 
 
-def closest(preimage: dict[str, Any], candidates: dict[str, dict[str, Any]]) -> tuple[str, list] | None:
+def closest(preimage: dict[str, Any], candidates: dict[str, dict[str, Any]]) -> tuple[str, list[Any]] | None:
     """The candidate (key -> pre-image) with the fewest differing fields, and those differences."""
-    best: tuple[str, list] | None = None
+    best: tuple[str, list[Any]] | None = None
     for key, other in sorted(candidates.items()):
         diff = differences(other, preimage)
         if best is None or len(diff) < len(best[1]):

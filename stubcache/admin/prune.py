@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from ..edge import faults, fsroot
 from ..storage.locking import flock_held_at, try_flock
@@ -164,7 +164,7 @@ def _entry_item(e: EntryRecord, reason: str) -> PlanItem:
     return PlanItem("entry", e.path, e.name, e.size, reason, key=e.key, base_key=e.base_key)
 
 
-def eviction_order(e: EntryRecord) -> tuple:
+def eviction_order(e: EntryRecord) -> tuple[Any, ...]:
     """The order in which a size cap evicts: entries no process has hit since they were
     published first (a name or source that embeds a pid makes a new one per start, and nobody
     will ever hit it), then least recently used."""
@@ -378,7 +378,7 @@ def execute_item(store: Store, item: PlanItem) -> str:
     raise ValueError(f"unknown plan item kind {item.kind!r}")
 
 
-def execute_plan(store: Store, plan: PrunePlan, progress=None) -> PrunePlan:
+def execute_plan(store: Store, plan: PrunePlan, progress: Callable[[int, int], object] | None = None) -> PrunePlan:
     """Carry out every ``remove`` item of ``plan`` in order; fills each item's ``outcome``.
     ``progress``, if given, is called with ``(done, total)`` before each item."""
     removals = plan.removals

@@ -10,11 +10,14 @@ import json
 import os
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ..remote.backend import RemoteBackend, RemoteUnavailable
 from ..remote.blob import BlobError, header_length, open_blob, split
 from ..remote.config import RemoteConfig
+
+if TYPE_CHECKING:
+    from .check import Check
 
 HEAD_BYTES = 64 << 10
 DOCTOR_SAMPLE = 5
@@ -54,8 +57,8 @@ def _entry(key: str, head: bytes, size: int, backend: RemoteBackend) -> RemoteEn
             raise ValueError("manifest is not an object")
     except (BlobError, ValueError, RecursionError) as exc:  # nesting too deep for the parser
         return RemoteEntry(key, size, error=f"unreadable: {str(exc)[:200]}")
-    pre = m.get("preimage") if isinstance(m.get("preimage"), dict) else {}
-    fp = pre.get("fingerprint") if isinstance(pre.get("fingerprint"), dict) else {}
+    pre: Any = m.get("preimage") if isinstance(m.get("preimage"), dict) else {}
+    fp: Any = pre.get("fingerprint") if isinstance(pre.get("fingerprint"), dict) else {}
     torch = fp["torch"].get("version") if isinstance(fp.get("torch"), dict) else None
     cxx = fp.get("cxx") if isinstance(fp.get("cxx"), dict) else {}
     version = cxx.get("version") if isinstance(cxx.get("version"), str) else None
@@ -106,7 +109,7 @@ def execute_prune(backend: RemoteBackend, plan: list[RemotePruneItem]) -> None:
 # --- doctor -----------------------------------------------------------------------------------
 
 
-def doctor_checks(environ=None) -> list:
+def doctor_checks(environ: Mapping[str, str] | None = None) -> list[Any]:
     """The remote tier's checks for ``stubcache doctor``: settings, connection, write access,
     eviction policy, and whether sampled blobs carry a valid HMAC under this secret."""
     from .check import Check
@@ -167,7 +170,7 @@ def doctor_checks(environ=None) -> list:
     return out
 
 
-def _check_secret(backend: RemoteBackend, config: RemoteConfig, env_secret: str):
+def _check_secret(backend: RemoteBackend, config: RemoteConfig, env_secret: str) -> Check:
     from .check import Check
     from ..remote.blob import MAX_BLOB
 

@@ -138,7 +138,7 @@ def _text(value: Any) -> str | None:
     return printable(value, 200) if isinstance(value, str) else None
 
 
-def _parse_manifest(raw: bytes) -> dict:
+def _parse_manifest(raw: bytes) -> dict[str, Any]:
     try:
         data = json.loads(raw)
     except RecursionError:
@@ -167,7 +167,7 @@ def read_entry(store: Store, key: str, probe_in_use: bool = True) -> EntryRecord
 def _read_entry(store: Store, key: str, pins_fd: int | None, probe_in_use: bool, now: float | None = None) -> EntryRecord:
     edir = store.entry_dir(key)
     rec = EntryRecord(key=key, path=edir)
-    data: dict = {}
+    data: dict[str, Any] = {}
     raw = b""
     mtime = 0.0
     try:
@@ -186,8 +186,8 @@ def _read_entry(store: Store, key: str, pins_fd: int | None, probe_in_use: bool,
         rec.error = f"manifest unreadable: {printable(exc)}"
     if rec.error:
         data, raw = {}, b""
-    pre = data.get("preimage") if isinstance(data.get("preimage"), dict) else {}
-    fp = pre.get("fingerprint") if isinstance(pre.get("fingerprint"), dict) else {}
+    pre: Any = data.get("preimage") if isinstance(data.get("preimage"), dict) else {}
+    fp: Any = pre.get("fingerprint") if isinstance(pre.get("fingerprint"), dict) else {}
     rec.fingerprint = fp
     rec.name = _text(data.get("name")) or "?"
     base = data.get("base_key")

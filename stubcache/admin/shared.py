@@ -15,6 +15,10 @@ import time
 
 from ..storage.store import SUBDIRS, Store
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from typing import Callable
+
 SHARED_ROOT_MODE = 0o2750
 SHARED_DIR_MODE = 0o2770
 SHARED_ENTRY_MODE = 0o2775
@@ -70,7 +74,7 @@ def fix_shared_files(store: Store, gid: int) -> list[str]:
 
     done: list[str] = []
 
-    def one(dfd: int, name: str, mode, directory: bool, label: str) -> None:
+    def one(dfd: int, name: str, mode: int | Callable[[os.stat_result], int], directory: bool, label: str) -> None:
         try:
             if callable(mode):
                 mode = mode(fsroot.lstat_at(dfd, name))

@@ -133,7 +133,8 @@ class RemoteTotals:
             self.errors += 1
 
     def rounded(self) -> "RemoteTotals":
-        return RemoteTotals(**{k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(self).items()})
+        fields: dict[str, Any] = {k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(self).items()}
+        return RemoteTotals(**fields)
 
 
 def counts_since(rec: dict[str, Any], since: float | None) -> bool:
@@ -240,7 +241,7 @@ def reset_counters(events_dir: str, lock_path: str, file_mode: int = 0o600, wait
 _ARCHIVE_START = b'{"ev":"%s"' % Event.ARCHIVE.encode()  # the header line compact_events writes
 
 
-def _archive_header(data: bytes) -> dict | None:
+def _archive_header(data: bytes) -> dict[str, Any] | None:
     first = data.split(b"\n", 1)[0]
     if not first.startswith(_ARCHIVE_START):
         return None

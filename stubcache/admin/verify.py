@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import os
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable
 
 from ..edge import fsroot
 from ..edge.errors import TrustError
@@ -99,12 +99,13 @@ def _check_at(store: Store, efd: int, edir: str, key: str, policy: TrustPolicy) 
     return VerifyResult(key, name, "ok")
 
 
-def verify_store(store: Store, quarantine: bool = True, progress=None) -> list[VerifyResult]:
+def verify_store(store: Store, quarantine: bool = True,
+                 progress: Callable[[int, int], object] | None = None) -> list[VerifyResult]:
     """Check every entry; move the bad ones to ``quarantine/`` (unless ``quarantine=False``).
     ``progress``, if given, is called with ``(done, total)`` after each entry."""
     from ..storage import events
 
-    results = []
+    results: list[VerifyResult] = []
     policy = layout_policy(store.root)
     if store.shared != policy.shared:  # a store made without the root's policy: files get its modes
         store = Store(store.root, policy)

@@ -25,6 +25,10 @@ from ..edge.errors import BuildError
 from ..key.fingerprint import torch_dir
 from ..key.spec import FIELDS, PASS, StubSpec
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from typing import Any, Iterable
+
 
 AS_NEEDED = "-Wl,--as-needed"
 _torch_lock = threading.Lock()
@@ -36,8 +40,8 @@ class BuildResult:
 
     __slots__ = ("library", "module_name", "headers", "method", "seconds", "log", "inputs", "unstable")
 
-    def __init__(self, library: str, module_name: str, headers: dict, method: str, seconds: float, log: str,
-                 inputs: dict | None = None, unstable: list | None = None):
+    def __init__(self, library: str, module_name: str, headers: dict[str, Any], method: str, seconds: float, log: str,
+                 inputs: dict[str, Any] | None = None, unstable: list[Any] | None = None):
         self.library = library
         self.module_name = module_name
         self.headers = headers  # every tracked input file (headers and linker inputs): {path: sha256}
@@ -48,7 +52,7 @@ class BuildResult:
         self.unstable = unstable or []  # tracked files written while the build ran
 
 
-def build(spec: StubSpec, build_dir: str, compiler: dict | None = None) -> BuildResult:
+def build(spec: StubSpec, build_dir: str, compiler: dict[str, Any] | None = None) -> BuildResult:
     """Build ``spec`` inside ``build_dir`` (which must be private to this build). ``compiler``:
     the fingerprint's record of the real compiler (a cache passes its own; probed if omitted)."""
     if compiler is None:
@@ -80,7 +84,7 @@ def build(spec: StubSpec, build_dir: str, compiler: dict | None = None) -> Build
 
 
 def direct_command(spec: StubSpec, source: str, output: str, depfile: str,
-                   build_dir: str | None = None, compiler: dict | None = None) -> list[str]:
+                   build_dir: str | None = None, compiler: dict[str, Any] | None = None) -> list[str]:
     """The single compiler invocation equivalent to torch's compile + link steps (pure, given
     ``compiler``, the fingerprint's record of the real compiler; probed if omitted).
     With ``build_dir``, that directory is mapped to ``.`` in everything the library records."""
@@ -107,7 +111,7 @@ def direct_command(spec: StubSpec, source: str, output: str, depfile: str,
     return cmd + buildinputs.extra_link_flags(compiler)
 
 
-def _build_direct(spec: StubSpec, build_dir: str, compiler: dict) -> tuple[str, str, list[str]]:
+def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any]) -> tuple[str, str, list[str]]:
     source = os.path.join(build_dir, "main.cpp")
     with open(source, "w", encoding="utf-8", errors="surrogateescape") as fh:
         fh.write("\n".join(spec.cpp_sources))  # surrogates: the undecodable bytes of a load()ed file
@@ -142,7 +146,7 @@ def _build_direct(spec: StubSpec, build_dir: str, compiler: dict) -> tuple[str, 
 # --- the load_inline path -------------------------------------------------------------------
 
 
-def ninja_safe_flags(flags, field: str) -> list[str]:
+def ninja_safe_flags(flags: Iterable[str], field: str) -> list[str]:
     """Flags as torch must write them into ``build.ninja``, whose commands run through
     ``/bin/sh``: each flag one shell word (quoted when it holds anything but plain characters,
     so the shell hands the compiler exactly the flag), ``$`` escaped for ninja. torch itself
@@ -157,7 +161,7 @@ def ninja_safe_flags(flags, field: str) -> list[str]:
     return out
 
 
-def _inline_sources(sources, build_dir: str, stem: str) -> list[str]:
+def _inline_sources(sources: Iterable[str], build_dir: str, stem: str) -> list[str]:
     """torch writes sources as strict UTF-8 text; a source holding undecodable bytes (surrogate
     escapes from ``load()`` of a non-UTF-8 file) is written byte for byte beside it and included."""
     out = []
@@ -173,7 +177,7 @@ def _inline_sources(sources, build_dir: str, stem: str) -> list[str]:
     return out
 
 
-def load_inline_kwargs(spec: StubSpec, build_dir: str, verbose: bool = False, compiler: dict | None = None) -> dict:
+def load_inline_kwargs(spec: StubSpec, build_dir: str, verbose: bool = False, compiler: dict[str, Any] | None = None) -> dict[str, Any]:
     """The arguments torch's ``load_inline`` gets for ``spec``, all but ``no_implicit_headers``
     (which depends on the installed torch): each field that ``spec.FIELDS`` marks ``PASS`` as its
     JSON value, the ``REWRITE`` ones as set here. Writes a source holding undecodable bytes
@@ -204,7 +208,7 @@ def load_inline_kwargs(spec: StubSpec, build_dir: str, verbose: bool = False, co
     return kwargs
 
 
-def load_kwargs(spec: StubSpec, build_dir: str, verbose: bool = False, compiler: dict | None = None) -> dict:
+def load_kwargs(spec: StubSpec, build_dir: str, verbose: bool = False, compiler: dict[str, Any] | None = None) -> dict[str, Any]:
     """The arguments torch's ``load`` gets for a spec of separate translation units: each source
     written to its own file in ``build_dir`` (``src<i>.cpp``/``.cu``, bytes as given), flags as
     for :func:`load_inline_kwargs`. torch's ``build.ninja`` then has one compile per file, with
@@ -215,7 +219,7 @@ def load_kwargs(spec: StubSpec, build_dir: str, verbose: bool = False, compiler:
     track the files each object read outside the system directories."""
     kwargs = load_inline_kwargs(spec, build_dir, verbose, compiler)
     full_deps = set(ninja_safe_flags(buildinputs.compile_dep_flags(compiler or buildinputs.compiler_facts()), ""))
-    sources = []
+    sources: list[str] = []
     for ext, texts in ((".cpp", spec.cpp_sources), (".cu", spec.cuda_sources)):
         for text in texts:
             path = os.path.join(build_dir, f"src{len(sources)}{ext}")
@@ -231,11 +235,11 @@ def load_kwargs(spec: StubSpec, build_dir: str, verbose: bool = False, compiler:
     )
 
 
-def _build_units(spec: StubSpec, build_dir: str, compiler: dict) -> tuple[str, str, list[str]]:
+def _build_units(spec: StubSpec, build_dir: str, compiler: dict[str, Any]) -> tuple[str, str, list[str]]:
     return _run_torch("load", spec, build_dir, load_kwargs(spec, build_dir, progress.verbose(), compiler))
 
 
-def _build_load_inline(spec: StubSpec, build_dir: str, compiler: dict) -> tuple[str, str, list[str]]:
+def _build_load_inline(spec: StubSpec, build_dir: str, compiler: dict[str, Any]) -> tuple[str, str, list[str]]:
     global _warned_no_implicit
     import inspect
 
@@ -256,7 +260,7 @@ def _build_load_inline(spec: StubSpec, build_dir: str, compiler: dict) -> tuple[
     return _run_torch("load_inline", spec, build_dir, kwargs)
 
 
-def _run_torch(which: str, spec: StubSpec, build_dir: str, kwargs: dict) -> tuple[str, str, list[str]]:
+def _run_torch(which: str, spec: StubSpec, build_dir: str, kwargs: dict[str, Any]) -> tuple[str, str, list[str]]:
     """Run torch's own ``load_inline`` or ``load`` with ``kwargs``; torch's failure as a BuildError."""
     import glob
 

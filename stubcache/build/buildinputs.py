@@ -11,9 +11,13 @@ import shlex
 import subprocess
 
 from ..key import inputs, tracking
-from ..key.flagscan import scan
+from ..key.flagscan import FlagScan, scan
 from ..key.fingerprint import torch_dir
 from ..key.spec import StubSpec
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from typing import Any
 
 DEPFILE = inputs.DEPFILE
 LINK_DEPFILE = inputs.LINK_DEPFILE
@@ -32,7 +36,7 @@ def prefix_map_flags(build_dir: str) -> list[str]:
     return [f"-ffile-prefix-map={d}=." for d in dict.fromkeys((real, build_dir))]
 
 
-def compile_dep_flags(compiler: dict) -> list[str]:
+def compile_dep_flags(compiler: dict[str, Any]) -> list[str]:
     """A full dependency list next to torch's ``-MMD`` one (``-MMD`` omits system headers).
 
     ``-Wp,-MD`` takes over cc1's dependency output, so ninja's own depfile is not written; the
@@ -42,7 +46,7 @@ def compile_dep_flags(compiler: dict) -> list[str]:
     return [f"-Wp,-MD,{DEPFILE}", *assembler_dep_flags(compiler)]
 
 
-def assembler_dep_flags(compiler: dict) -> list[str]:
+def assembler_dep_flags(compiler: dict[str, Any]) -> list[str]:
     """GNU as's own dependency list (``--MD``): files read by ``.incbin``/``.include`` in inline
     assembly, which the preprocessor never sees. Only gcc with GNU as takes it (clang's
     integrated assembler rejects the flag)."""
@@ -54,7 +58,7 @@ def assembler_dep_flags(compiler: dict) -> list[str]:
     return []
 
 
-def compiler_facts() -> dict:
+def compiler_facts() -> dict[str, Any]:
     """The fingerprint's record of the real compiler behind ``CXX``, probed now (no memo: a
     cache hands its builds its own, memoised, :meth:`~stubcache.key.fingerprint.Fingerprint.compiler_facts`)."""
     from ..key.fingerprint import Fingerprint
@@ -62,13 +66,13 @@ def compiler_facts() -> dict:
     return Fingerprint(None).compiler_facts()
 
 
-def linker_writes_depfile(compiler: dict) -> bool:
+def linker_writes_depfile(compiler: dict[str, Any]) -> bool:
     """Whether the linker the compiler driver runs accepts ``--dependency-file`` (binutils
     ≥ 2.35, lld); part of the compiler probe."""
     return bool(compiler.get("ld_depfile"))
 
 
-def extra_link_flags(compiler: dict) -> list[str]:
+def extra_link_flags(compiler: dict[str, Any]) -> list[str]:
     """Linker flags that make it list its inputs: ``--dependency-file``, else ``--trace``."""
     if linker_writes_depfile(compiler):
         return [f"-Wl,--dependency-file={LINK_DEPFILE}"]
@@ -121,7 +125,7 @@ def _compile_flags(spec: StubSpec, build_dir: str) -> list[str]:
     return [f for f in flags if not f.startswith(("-Wp,-M", "-M"))]
 
 
-def start_search_probe(spec: StubSpec, build_dir: str) -> subprocess.Popen | None:
+def start_search_probe(spec: StubSpec, build_dir: str) -> subprocess.Popen[bytes] | None:
     """Start asking the compiler for its include search order (``-E -v``), to run beside the
     compile; :func:`tracked_inputs` collects it."""
     try:
@@ -131,7 +135,8 @@ def start_search_probe(spec: StubSpec, build_dir: str) -> subprocess.Popen | Non
 
 
 def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: int,
-                   probe: subprocess.Popen | None = None, compiler: dict | None = None) -> tracking.Tracked:
+                   probe: subprocess.Popen[bytes] | None = None,
+                   compiler: dict[str, Any] | None = None) -> tracking.Tracked:
     """Hash what the build read (see :mod:`stubcache.key.inputs`)."""
     if not deps and not tracking.files_named_by_flags(spec.extra_cflags + spec.extra_ldflags):
         if probe is not None:
@@ -172,7 +177,7 @@ def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: 
     return tracked
 
 
-def _found_in_b_dirs(found) -> list[str]:
+def _found_in_b_dirs(found: FlagScan) -> list[str]:
     """Files named relatively by flags (``-specs=my.specs``) that gcc looks up in the ``-B``
     directories, where they exist now."""
     bdirs, tools = [], list(found.tool_flags)
@@ -185,7 +190,7 @@ def _found_in_b_dirs(found) -> list[str]:
             for p in [os.path.join(d, f)] if os.path.isfile(p)]
 
 
-def compiler_that_ran(search: tracking.SearchPath | None, facts: dict, own_tools: bool) -> str | None:
+def compiler_that_ran(search: tracking.SearchPath | None, facts: dict[str, Any], own_tools: bool) -> str | None:
     """A line saying which compiler answered the build's search probe (run through the same
     ``CXX``, wrapper and environment as the build), if it is not the one the fingerprint names;
     None when they agree or the probe did not say. A mismatch means the key was computed for

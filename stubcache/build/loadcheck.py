@@ -20,7 +20,11 @@ import os
 
 from ..edge.errors import BuildError
 
-_loader: list = []  # [path or None], found once per process
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from typing import Sequence
+
+_loader: list[str | None] = []  # [path or None], found once per process
 
 
 def dynamic_loader() -> str | None:
@@ -41,7 +45,7 @@ def dynamic_loader() -> str | None:
     return _loader[0]
 
 
-def unresolved_symbols(library: str, extra_dirs: list[str] = ()) -> list[str] | None:
+def unresolved_symbols(library: str, extra_dirs: Sequence[str] = ()) -> list[str] | None:
     """The symbols of ``library`` that neither its dependencies nor this process define; None
     when the loader cannot tell (no glibc loader here, a dependency it cannot find)."""
     import subprocess

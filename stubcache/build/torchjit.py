@@ -38,8 +38,8 @@ def _fresh_module() -> Any:
     import torch.utils.cpp_extension as cpp_ext
 
     spec = importlib.util.spec_from_file_location("torch.utils._stubcache_cpp_extension", cpp_ext.__file__)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]  # a .py file: a spec
+    spec.loader.exec_module(module)  # type: ignore[union-attr]  # a source file's spec has a loader
     return module
 
 

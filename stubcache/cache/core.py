@@ -27,6 +27,11 @@ from ..storage.trust import TrustPolicy, check_dir, loader_policy, private_polic
 
 TYPE_CHECKING = False  # typing is not imported on the hit path
 if TYPE_CHECKING:
+    from typing import Any
+
+    from ..build.builder import BuildResult
+    from ..remote.config import RemoteConfig
+    from ..remote.tier import Claim, Fetched, RemoteTier
     from ..storage.locking import Lock
 
 
@@ -91,7 +96,7 @@ def seed_roots() -> list[str]:
     return [os.path.abspath(p) for p in settings.path_list(settings.SEED_DIRS)]
 
 
-def _remote_config():
+def _remote_config() -> RemoteConfig | None:
     """The remote-tier settings if ``STUBCACHE_REMOTE`` is set (checked now: a misconfiguration
     is an error at start-up), else ``None``. Imports neither the client nor the network."""
     if not settings.remote_configured():
@@ -101,7 +106,8 @@ def _remote_config():
     return config_from_env()
 
 
-def _unchanged_inputs(headers: dict, inputs: dict | None, memo_path: str | None) -> tuple[list, list] | None:
+def _unchanged_inputs(headers: dict[str, str], inputs: dict[str, Any] | None,
+                      memo_path: str | None) -> tuple[list[Any], list[Any]] | None:
     """An entry's tracked inputs as a hit record checks them (see :class:`hitpath.HitRecord`):
     each file with its signature now, where that signature is one :func:`inputs.still_valid`
     accepts without reading the file (the manifest's, or one this root remembers as re-hashed
@@ -176,7 +182,7 @@ class CacheCore:
     here: :class:`stubcache.remote.RemoteConfigError` on a misconfiguration.
     """
 
-    def __init__(self, root: str | os.PathLike | None = None, *, lock_timeout: float | None = None,
+    def __init__(self, root: str | os.PathLike[str] | None = None, *, lock_timeout: float | None = None,
                  seeds: list[str] | None = None) -> None:
         from ..edge.settings import validate
 
@@ -194,8 +200,8 @@ class CacheCore:
         self._lock_timeout = lock_timeout
         self._memo: dict[str, Entry] = {}
         # Base keys of specs this cache has seen (see _base_key): the last one, then by id(spec).
-        self._last_key: tuple = (None, None, "")
-        self._base_keys: dict[int, tuple[StubSpec, dict, str]] = {}
+        self._last_key: tuple[StubSpec | None, dict[str, Any] | None, str] = (None, None, "")
+        self._base_keys: dict[int, tuple[StubSpec, dict[str, Any], str]] = {}
         self._verified = _VERIFIED
         self._pins = _PINS
         self._lib_fds = _LIB_FDS
@@ -204,7 +210,7 @@ class CacheCore:
         self._key_locks: dict[str, LockType] = {}
         # The fleet tier (docs/remote.md): settings checked now, client made on the first miss.
         self._remote_config = _remote_config()
-        self._remote = None
+        self._remote: RemoteTier | None = None
 
     # --- public API --------------------------------------------------------------------------
 
@@ -212,7 +218,7 @@ class CacheCore:
         """The base key of ``spec`` (the entry key, unless it tracks user headers)."""
         return base_key(spec.canonical(), self._fingerprint(spec))
 
-    def preimage(self, spec: StubSpec) -> dict:
+    def preimage(self, spec: StubSpec) -> dict[str, Any]:
         """The readable inputs of the key of ``spec``."""
         return preimage(spec.canonical(), self._fingerprint(spec))
 
@@ -258,11 +264,11 @@ class CacheCore:
         self.load_entry(entry)
         return _REAL_PATHS[entry.path]  # the name load_entry loaded and checked it by
 
-    def load(self, spec: StubSpec):
+    def load(self, spec: StubSpec) -> ctypes.CDLL:
         """``get_or_build`` and ``dlopen`` the library; returns a ``ctypes.CDLL``."""
         return self.load_entry(self.get_or_build(spec))
 
-    def load_entry(self, entry: Entry):
+    def load_entry(self, entry: Entry) -> ctypes.CDLL:
         """``dlopen`` an entry's library by its real path, after checking the file (opened with
         ``O_NOFOLLOW``, checksummed through that descriptor); then the file the loader mapped is
         compared with that descriptor's (device, inode), and refused on a mismatch."""
@@ -340,7 +346,7 @@ class CacheCore:
 
     # --- internals ---------------------------------------------------------------------------
 
-    def _base_key(self, spec: StubSpec, fp: dict) -> str:
+    def _base_key(self, spec: StubSpec, fp: dict[str, Any]) -> str:
         """The base key of ``spec`` under the fingerprint ``fp``, remembered for this very spec
         object (a spec is immutable) while the fingerprint is the same object.
 
@@ -365,7 +371,7 @@ class CacheCore:
                 lock = self._key_locks.setdefault(base, allocate_lock())
         return lock
 
-    def _fingerprint(self, spec: StubSpec) -> dict:
+    def _fingerprint(self, spec: StubSpec) -> dict[str, Any]:
         if not self.store.ready:
             try:
                 self.store.ensure()
@@ -419,7 +425,7 @@ class CacheCore:
                 self.store = Store(root, policy)
         return policy
 
-    def _event(self, ev: str, key: str, seconds: float | None = None, **extra) -> None:
+    def _event(self, ev: str, key: str, seconds: float | None = None, **extra: object) -> None:
         """Record an :class:`~stubcache.storage.events.Event` in this root (``None`` values left out)."""
         extra = {k: v for k, v in extra.items() if v is not None}
         events.record(self.store.path("events"), ev, key, seconds,
@@ -504,7 +510,7 @@ class CacheCore:
                 self._event(Event.HIT, found.key, name=spec.name, after_wait=True)
                 return found
             lock = locking.acquire(self.store, base, max(timeout - (time.time() - t_wait), 0.0), spec.name)
-        return lock
+        return lock  # type: ignore[return-value]  # acquire returns None only to a 'published' probe
 
     def _look_again(self, spec: StubSpec, base: str, t_wait: float) -> Entry | None:
         """Look again, holding the key's build lock: the entry if another process published it
@@ -530,7 +536,7 @@ class CacheCore:
         # A failure recorded while we waited; a time in the future (clock skew, or a hostile
         # member) proves nothing and must not block the key.
         failed_at = finite(failure.get("time"), t_wait, time.time() + 1.0) if failure else None
-        if failed_at is not None:
+        if failure and failed_at is not None:  # (failed_at is None without a failure)
             raise BuildError(
                 f"Error building extension '{spec.name}' (failed in pid {failure.get('pid')} while this "
                 "process waited)", output=str(failure.get("output", ""))[-(256 << 10):], key=base,
@@ -571,7 +577,7 @@ class CacheCore:
                 if claim is not None:
                     claim.release()
 
-    def _fetch_or_claim(self, spec: StubSpec, base: str, budget: float, require_hit: bool):
+    def _fetch_or_claim(self, spec: StubSpec, base: str, budget: float, require_hit: bool) -> Entry | Claim | None:
         """Ask the remote tier: the entry, published here from a verified blob; else this host's
         fleet-wide claim to build it (``None``: build without uploading)."""
         got = self._remote_tier().fetch_or_claim(
@@ -785,7 +791,7 @@ class CacheCore:
 
     # --- building and publishing -----------------------------------------------------------------
 
-    def _manifest_for(self, spec: StubSpec, base: str, result, sha: str, size: int) -> Manifest:
+    def _manifest_for(self, spec: StubSpec, base: str, result: BuildResult, sha: str, size: int) -> Manifest:
         key = entry_key(base, result.headers, absent_paths(result.inputs))
         return Manifest(
             key=key, base_key=base, name=spec.name, module_name=result.module_name,
@@ -827,7 +833,7 @@ class CacheCore:
         finally:
             self.store.rmtree(staging)
 
-    def _compile(self, spec: StubSpec, base: str, staging: str):
+    def _compile(self, spec: StubSpec, base: str, staging: str) -> BuildResult:
         """Run the builder in ``<staging>/build``. A failed build is recorded for the processes
         waiting on the key and raised (:class:`BuildError`; ``OSError`` ENOSPC for a full disk)."""
         from ..build.builder import build
@@ -861,14 +867,14 @@ class CacheCore:
             raise StubCacheError(f"entry {key} vanished right after publishing")
         return found
 
-    def _remote_tier(self):
+    def _remote_tier(self) -> RemoteTier:
         if self._remote is None:
             from ..remote.tier import RemoteTier
 
-            self._remote = RemoteTier(self._remote_config, self._event)
+            self._remote = RemoteTier(self._remote_config, self._event)  # type: ignore[arg-type]  # set: see get_or_build
         return self._remote
 
-    def _publish_fetched(self, spec: StubSpec, base: str, fetched) -> Entry:
+    def _publish_fetched(self, spec: StubSpec, base: str, fetched: Fetched) -> Entry:
         """Publish a verified remote blob into this root (staging + atomic rename, as a build
         would) and return the entry looked up from there: nothing loads from a temporary copy."""
         from ..storage import locking

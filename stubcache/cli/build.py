@@ -11,6 +11,10 @@ from .common import root as _root
 from .exits import EXIT_NOT_RUN, EXIT_OK, EXIT_PROBLEMS, NotRun, UsageError
 from .output import View, out, problem, show, table
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from typing import Any
+
 
 def cmd_warm(args: argparse.Namespace) -> int:
     from ..edge.errors import StubCacheError
@@ -28,7 +32,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
     cache = StubCache(_root(args))
     from ..edge.progress import Bar
 
-    results = []
+    results: list[dict[str, Any]] = []
     bar = Bar("warming")
     for ref, spec in specs:
         bar(len(results), len(specs))

@@ -8,17 +8,26 @@ import sys
 
 from .exits import NotConfirmed
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from typing import Iterable
+
+    from ..admin.keyref import KeyMatch
+    from ..admin.scan import EntryRecord
+    from ..storage.store import Store
+
 
 def root(args: argparse.Namespace) -> str:
     """``--cache-dir`` (absolute), else the default root."""
     if getattr(args, "cache_dir", None):
-        return os.path.abspath(os.path.expanduser(args.cache_dir))
+        cache_dir: str = args.cache_dir
+        return os.path.abspath(os.path.expanduser(cache_dir))
     from ..storage.store import default_root
 
     return default_root()
 
 
-def store(args: argparse.Namespace):
+def store(args: argparse.Namespace) -> Store:
     """The Store of the selected root, made with the root's layout policy (so files it creates
     get group modes in a shared root); a root whose config fails the trust checks is private."""
     from ..edge.errors import TrustError
@@ -47,7 +56,7 @@ def confirm(prompt: str, args: argparse.Namespace) -> None:
         raise NotConfirmed("aborted; nothing removed")
 
 
-def match_key(ref: str, entries, store_root: str):
+def match_key(ref: str, entries: Iterable[EntryRecord], store_root: str) -> KeyMatch:
     """What the KEY argument ``ref`` names among scanned ``entries``
     (:class:`stubcache.admin.keyref.KeyMatch`: a spec key or an entry key, in full or a unique prefix);
     a :class:`UsageError` (exit 2) if it is not a key, names nothing or is ambiguous."""

@@ -9,12 +9,16 @@ from ..edge import log
 from .exits import EXIT_USAGE, run_command
 from .parser import build_parser
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    import argparse
+
 # options whose value may be a negative number: `--max-size -5G` would read as a missing value,
 # so it is joined as `--max-size=-5G` and the option's own check answers
 _SIGNED_VALUE_OPTIONS = ("--max-size", "--older-than", "--quarantine-age")
 
 
-def _validate_remote(args) -> None:
+def _validate_remote(args: argparse.Namespace) -> None:
     """The remote tier's settings, where a remote store is named (``STUBCACHE_REMOTE`` or
     ``--remote-url``): their shape only (URL, mode, timeout, lease, secret length), as the admin
     commands read them; what loading code needs besides (a secret) is checked where it is loaded."""
@@ -28,14 +32,14 @@ def _validate_remote(args) -> None:
     config_from_env(url=url, timeout=getattr(args, "remote_timeout", None), for_admin=True)
 
 
-def _settings_problem(args) -> int | None:
+def _settings_problem(args: argparse.Namespace) -> int | None:
     """Check every setting once at start: a malformed STUBCACHE_* variable (exit 2) or a root
     that is a file (exit 1: nothing can work) ends here with one line, before any command runs."""
     from ..edge.settings import root_path_problem, validate
     from .common import root
     from .exits import EXIT_PROBLEMS, error
 
-    rc = run_command(lambda: validate() or _validate_remote(args) or 0)
+    rc = run_command(lambda: validate() or _validate_remote(args) or 0)  # type: ignore[func-returns-value]
     if rc:
         return rc
     if args.command in ("dir", "run") or getattr(args, "dir", None):  # `dir` prints the path; `run` hands it to its command

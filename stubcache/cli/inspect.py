@@ -7,17 +7,22 @@ import argparse
 import os
 import re
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .common import root as _root
 from .common import store as _store
 from .exits import EXIT_OK, UsageError
 from .output import View, iso, short_compiler, show, table
 
+if TYPE_CHECKING:
+    from ..admin.scan import EntryRecord
+    from ..admin.stats import Stats
+    from ..storage.store import Store
+
 # --- ls --------------------------------------------------------------------------------------
 
 
-def _ls_rows(entries, now: float, verbose: bool) -> tuple[list[str], list[list[Any]]]:
+def _ls_rows(entries: list[EntryRecord], now: float, verbose: bool) -> tuple[list[str], list[list[Any]]]:
     from ..edge.units import human_age, human_size
 
     headers = ["ENTRY KEY", "NAME", "SIZE", "TORCH", "COMPILER", "CREATED", "LAST USED", "IN USE"]
@@ -81,7 +86,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 # --- stats -----------------------------------------------------------------------------------
 
 
-def _stats_rows(s) -> list[tuple[str, str]]:
+def _stats_rows(s: Stats) -> list[tuple[str, str | None]]:
     from ..edge.units import human_seconds, human_size
 
     rate = f"{s.hit_rate * 100:.1f}%" if s.hit_rate is not None else "-"
@@ -146,7 +151,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def reset_view(store, args: argparse.Namespace) -> View | None:
+def reset_view(store: Store, args: argparse.Namespace) -> View | None:
     """Zero the counters of ``store`` (``stats --reset``, ``clear --stats``): what to show, or
     ``None`` where there is no cache."""
     from ..admin.stats import reset_counters
@@ -168,7 +173,7 @@ def reset_view(store, args: argparse.Namespace) -> View | None:
                               f"count; counting from {iso(res.time)}"])
 
 
-def _reset_stats(args: argparse.Namespace, store) -> int:
+def _reset_stats(args: argparse.Namespace, store: Store) -> int:
     if args.format == "prometheus":
         raise UsageError("--reset prints what it did as a table or JSON, not --format prometheus")
     view = reset_view(store, args)
@@ -183,7 +188,7 @@ def _reset_stats(args: argparse.Namespace, store) -> int:
 # --- explain ---------------------------------------------------------------------------------
 
 
-def _current_entries(store, spec_key: str) -> tuple[list[str], dict[str, list[str]]]:
+def _current_entries(store: Store, spec_key: str) -> tuple[list[str], dict[str, list[str]]]:
     """The entry keys of ``spec_key`` that a lookup would use now, and those whose tracked files
     changed since they were built (entry key -> why)."""
     from ..admin.manifestscan import stale_variants
@@ -193,7 +198,7 @@ def _current_entries(store, spec_key: str) -> tuple[list[str], dict[str, list[st
     return [k for k in there if k not in stale], stale
 
 
-def _resolve(ref: str, store) -> list[dict[str, Any]]:
+def _resolve(ref: str, store: Store) -> list[dict[str, Any]]:
     """A reference -> [{label, key, spec_key, entry_keys, in_cache, preimage}] (a spec file may
     hold several specs). ``key`` is the key the reference names (a spec file: its spec key)."""
     from ..admin.specref import SpecRefError, is_module_ref, load_specs

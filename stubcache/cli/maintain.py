@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from .common import confirm, match_key
 from .common import root as _root
@@ -14,10 +14,16 @@ from .common import store as _store
 from .exits import EXIT_OK, EXIT_PROBLEMS, Failed, UsageError
 from .output import View, err, is_text, note, out, show, table
 
+if TYPE_CHECKING:
+    from ..admin.audit import AuditResult
+    from ..admin.prune import PrunePlan, PrunePolicy
+    from ..admin.sizecap import CapSetting
+    from ..storage.store import Store
+
 # --- prune / clear ---------------------------------------------------------------------------
 
 
-def _plan_rows(plan, executed: bool) -> tuple[list[str], list[list[Any]]]:
+def _plan_rows(plan: PrunePlan, executed: bool) -> tuple[list[str], list[list[Any]]]:
     from ..edge.units import human_size
 
     headers = ["ACTION", "KIND", "NAME", "ENTRY KEY", "SIZE", "REASON"]
@@ -33,8 +39,8 @@ def _plan_rows(plan, executed: bool) -> tuple[list[str], list[list[Any]]]:
     return headers, rows
 
 
-def _plan_view(plan, args: argparse.Namespace, executed: bool, dry_run: bool) -> View:
-    def text():
+def _plan_view(plan: PrunePlan, args: argparse.Namespace, executed: bool, dry_run: bool) -> View:
+    def text() -> Iterator[str]:
         from ..edge.units import human_size
 
         headers, rows = _plan_rows(plan, executed)
@@ -59,7 +65,7 @@ def _plan_view(plan, args: argparse.Namespace, executed: bool, dry_run: bool) ->
     return View(json=lambda: dict(plan.to_json(), dry_run=dry_run), text=text)
 
 
-def _run_plan(args: argparse.Namespace, policy) -> int:
+def _run_plan(args: argparse.Namespace, policy: PrunePolicy) -> int:
     from ..admin.prune import current_fingerprint, plan_prune
     from ..admin.scan import scan_cache
 
@@ -80,7 +86,7 @@ def _run_plan(args: argparse.Namespace, policy) -> int:
     return EXIT_PROBLEMS if failed else EXIT_OK
 
 
-def _confirm_and_execute(args: argparse.Namespace, store, plan) -> bool:
+def _confirm_and_execute(args: argparse.Namespace, store: Store, plan: PrunePlan) -> bool:
     """Show the plan (a dry run, or nothing to remove: that is all), ask unless ``--yes``, carry
     it out and show the outcome. Returns whether it was carried out."""
     from ..admin.prune import execute_plan
@@ -102,7 +108,7 @@ def _confirm_and_execute(args: argparse.Namespace, store, plan) -> bool:
     return True
 
 
-def _compact_events(args: argparse.Namespace, store, policy) -> None:
+def _compact_events(args: argparse.Namespace, store: Store, policy: PrunePolicy) -> None:
     """Part of removing leftovers: one archive instead of an event file per finished process."""
     if not policy.leftovers or not os.path.isdir(store.path("events")):
         return
@@ -198,7 +204,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         results = verify_store(store, quarantine=not args.dry_run, progress=bar)
     bad = [r for r in results if r.status == "bad"]
 
-    def text():
+    def text() -> Iterator[str]:
         shown = results if args.verbose else bad
         if shown:
             rows = [[r.key[:12] if not args.verbose else r.key, r.name, r.status,
@@ -234,13 +240,13 @@ def _verify_rebuild(args: argparse.Namespace) -> int:
         raise UsageError(f"no single entry for key {exc.args[0]}") from None
     from ..edge.progress import status
 
-    results = []
+    results: list[AuditResult] = []
     for key in keys:  # one rebuild can take a minute (torch headers): a live line on a terminal
         with status(lambda: f"verify --rebuild: rebuilding {key[:12]} ({len(results) + 1} of {len(keys)})"):
             results.append(rebuild_entry(store, key))
     differs = [r for r in results if r.status == "differs"]
 
-    def text():
+    def text() -> Iterator[str]:
         import json
 
         rows = [[r.key if args.verbose else r.key[:12], r.name, r.status, r.detail] for r in results
@@ -279,7 +285,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     checks = run_checks(root)
     errors = [c for c in checks if c.status == "error"]
 
-    def text():
+    def text() -> Iterator[str]:
         yield f"cache root: {root}"
         for c in checks:
             if args.quiet and c.status == "ok":
@@ -339,19 +345,19 @@ def cmd_config(args: argparse.Namespace) -> int:
     cap = effective_cap(env, rootc)
     age = stored.get("toolchain_max_age", DEFAULT_TOOLCHAIN_MAX_AGE)
 
-    def size(v):
+    def size(v: int | None) -> str:
         return "-" if v is None else f"{human_size(v)} ({v} bytes)"
 
-    def given(c):
+    def given(c: CapSetting) -> str:
         return size(c.limit) if not c.given or c.limit is not None else NO_CAP
 
-    def json_value(c):
+    def json_value(c: CapSetting) -> int | str | None:
         return c.limit if not c.given or c.limit is not None else NO_CAP
 
     source = {"default": f"default (no setting; `{NO_CAP}` turns it off)", "off": f"{NO_CAP}: no automatic cap",
               "the smaller of the two": "the smaller of the two below"}.get(cap.source, cap.source)
 
-    def text():
+    def text() -> Iterator[str]:
         yield f"cache root: {root}"
         yield table(["SETTING", "VALUE", "FROM"], [
             ["max_size", size(cap.limit) if cap.limit is not None else NO_CAP, source],

@@ -22,7 +22,7 @@ def _globals(parser: argparse.ArgumentParser, sub: bool) -> None:
                         help="only print results and errors")
 
 
-def _fmt(p: argparse.ArgumentParser, choices=("table", "json")) -> None:
+def _fmt(p: argparse.ArgumentParser, choices: tuple[str, ...] = ("table", "json")) -> None:
     p.add_argument("--format", choices=choices, default="table", help="output format (default: table)")
 
 

@@ -11,8 +11,14 @@ from .common import confirm
 from .exits import EXIT_OK, EXIT_PROBLEMS, Failed, UsageError
 from .output import View, iso, note, short_compiler, show, table
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from typing import Iterator
 
-def _backend(args: argparse.Namespace):
+    from ..remote.backend import RemoteBackend
+    from ..remote.config import RemoteConfig
+
+def _backend(args: argparse.Namespace) -> tuple[RemoteConfig, RemoteBackend]:
     from ..edge.settings import REMOTE
     from ..remote.config import RemoteConfigError, config_from_env
     from ..remote.tier import make_backend
@@ -26,7 +32,7 @@ def _backend(args: argparse.Namespace):
     return config, make_backend(config)
 
 
-def _unavailable(config, exc: RemoteUnavailable) -> Failed:
+def _unavailable(config: RemoteConfig, exc: RemoteUnavailable) -> Failed:
     return Failed(f"remote store {config.display_url} unavailable: {exc}")
 
 
@@ -52,7 +58,7 @@ def cmd_ls_remote(args: argparse.Namespace) -> int:
     entries.sort(key=order[args.sort], reverse=args.reverse)
     now = time.time()
 
-    def text():
+    def text() -> Iterator[str]:
         rows = [[e.key if args.verbose else e.key[:12], e.name, human_size(e.size), e.torch or "-",
                  short_compiler(e.compiler), (human_age(now - e.created) + " ago") if e.created else "-",
                  "yes" if e.signed else "no", e.error or ""] for e in entries]
@@ -89,7 +95,7 @@ def cmd_prune_remote(args: argparse.Namespace) -> int:
         freed = sum(i.entry.size for i in plan)
 
         def view(executed: bool) -> View:
-            def text():
+            def text() -> Iterator[str]:
                 rows = [[i.entry.key[:12], i.entry.name, human_size(i.entry.size), i.reason]
                         + ([i.outcome or "-"] if executed else []) for i in plan]
                 if rows and not args.quiet:

@@ -104,7 +104,7 @@ def _copy_verified(src_fd: int, dst_fd: int, manifest: Manifest, source: str) ->
         raise IntegrityError(f"library {source} changed while it was copied into the build directory")
 
 
-def place(directory: str | os.PathLike, library: str, manifest: Manifest, module_name: str) -> Placed:
+def place(directory: str | os.PathLike[str], library: str, manifest: Manifest, module_name: str) -> Placed:
     """Put a verified copy of ``library`` (a cache entry's file, described by ``manifest``) at
     ``<directory>/<module_name>.so``, atomically, unless our identical copy is already there."""
     given = os.fspath(directory)

@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 
 
 _caches: dict[str, StubCache] = {}
-_modules: dict[tuple, Any] = {}
-_call_memo: dict[tuple, Any] = {}
+_modules: dict[tuple[Any, ...], Any] = {}
+_call_memo: dict[tuple[Any, ...], Any] = {}
 # The spec fields load_inline takes from torch's parameters of the same name (FIELDS' torch
 # column), in order; ``name`` is not among them: the drop-in versions it first.
 _FORWARDED = tuple(f.name for f in FIELDS if f.torch and f.name != "name")
@@ -82,7 +82,7 @@ def _import_entry(cache: StubCache, entry: Entry, is_python_module: bool, build_
         path = cache.loaded_path(entry)
         result = _import_module(entry.manifest.module_name, path) if is_python_module else path
         if not is_python_module:
-            torch.ops.load_library(path)
+            torch.ops.load_library(path)  # type: ignore[no-untyped-call]  # torch leaves it untyped
     if entry.published:
         _modules[key] = result
     return result
@@ -97,7 +97,7 @@ def _import_module(name: str, path: str) -> Any:
     if spec is None:
         raise ImportError(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]  # the loader given above
     # `import name` after load() (Megatron, transformers' kernels, nvdiffrast): CPython registers
     # a single-phase extension module there itself; a multi-phase one is put there as well.
     sys.modules.setdefault(name, module)
@@ -123,7 +123,7 @@ def _import_placed(cache: StubCache, entry: Entry, is_python_module: bool, build
             if is_python_module:
                 result = _import_module(entry.manifest.module_name, os.path.abspath(placed.path))
             else:
-                torch.ops.load_library(placed.path)
+                torch.ops.load_library(placed.path)  # type: ignore[no-untyped-call]  # torch leaves it untyped
                 result = placed.path
         lib = ctypes.CDLL(real)  # the handle already loaded by that name (or the first load)
         check_mapped(real, placed.st, entry.manifest.sha256, lib._handle, placed.fd)
@@ -137,7 +137,7 @@ def load_inline(
     cpp_sources: str | Sequence[str],
     cuda_sources: str | Sequence[str] | None = None,
     sycl_sources: str | Sequence[str] | None = None,
-    functions: Sequence[str] | dict | str | None = None,
+    functions: Sequence[str] | dict[str, Any] | str | None = None,
     extra_cflags: Sequence[str] | None = None,
     extra_cuda_cflags: Sequence[str] | None = None,
     extra_sycl_cflags: Sequence[str] | None = None,

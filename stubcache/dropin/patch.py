@@ -22,7 +22,7 @@ def _wrapper(name: str) -> Callable[..., Any]:
     # first imported, and a warm load_inline call then takes the compact hit path (its front,
     # stubcache.hit.dropinfront); the whole drop-ins (stubcache.dropin.compat) load on the first call that needs them.
     original = torch_original(name)
-    front = None
+    front: Callable[..., Any] | None = None
     if name == "load_inline":
         from ..hit.dropinfront import load_inline as front
 

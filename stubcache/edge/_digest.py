@@ -12,25 +12,37 @@ from __future__ import annotations
 
 import sys
 
-def _builtin_sha256():
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
+if TYPE_CHECKING:
+    from typing import Callable, Protocol
+
+    class Hash(Protocol):
+        """What both implementations' hash objects offer."""
+
+        def update(self, data: bytes, /) -> None: ...
+        def digest(self) -> bytes: ...
+        def hexdigest(self) -> str: ...
+
+
+def _builtin_sha256() -> Callable[[bytes], Hash]:
     """CPython's built-in SHA-256 constructor, imported on the first small hash of a process
     without hashlib (a torch process never needs it)."""
     try:
-        from _sha256 import sha256  # CPython ≤ 3.11
+        from _sha256 import sha256  # type: ignore[import-not-found]  # CPython ≤ 3.11
     except ImportError:
         try:
-            from _sha2 import sha256  # CPython ≥ 3.12
+            from _sha2 import sha256  # type: ignore[import-not-found]  # CPython ≥ 3.12 (python_version 3.10)
         except ImportError:
             from hashlib import sha256
-    return sha256
+    return sha256  # type: ignore[no-any-return]  # the C modules are untyped at python_version 3.10
 
 
-_small = None
+_small: Callable[[bytes], Hash] | None = None
 LARGE = 1 << 20  # bytes: from here on, OpenSSL's speed outweighs its import
 _small_bytes = 0  # hashed by the built-in so far in this process
 
 
-def sha256(data: bytes = b"", *, large: bool = False):
+def sha256(data: bytes = b"", *, large: bool = False) -> Hash:
     """A SHA-256 hash object (``hexdigest``, ``update``) fed ``data``; ``large=True`` when more
     than :data:`LARGE` bytes will follow. OpenSSL's when ``hashlib`` is imported already (torch
     imports it), for a large input, or once the built-in has hashed :data:`LARGE` bytes in this

@@ -20,7 +20,7 @@ try:
     from _json import make_encoder as _c_make_encoder
     from _json import make_scanner as _c_make_scanner
 except ImportError:  # another implementation: json itself
-    _c_make_encoder = _c_make_scanner = None
+    _c_make_encoder = _c_make_scanner = None  # type: ignore[misc, assignment]
 
 
 class _Context:
@@ -74,7 +74,7 @@ def loads(data: str | bytes | bytearray) -> object:
         if text is not None and text[:1] != "\ufeff":
             try:
                 if _scanner is None:
-                    _scanner = _c_make_scanner(_Context())
+                    _scanner = _c_make_scanner(_Context())  # type: ignore[arg-type]  # a decoder's attributes
                 start = len(text) - len(text.lstrip(_WS))
                 obj, end = _scanner(text, start)
                 if not text[end:].strip(_WS):

@@ -21,6 +21,10 @@ import errno
 import os
 import stat
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
+if TYPE_CHECKING:
+    from typing import Any
+
 O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 O_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -110,7 +114,7 @@ class Dir:
 
     __slots__ = ("fd", "_args", "_kw")
 
-    def __init__(self, path: str, *parts: str, **kw) -> None:
+    def __init__(self, path: str, *parts: str, **kw: Any) -> None:
         self._args = (path, *parts)
         self._kw = kw
         self.fd = -1
@@ -254,7 +258,7 @@ def _open_child_dir(parent_fd: int, name: str) -> int:
 
 def _names(fd: int, budget: int) -> list[tuple[str, bool]]:
     """(name, is a directory, not following links) for at most ``budget`` entries of ``fd``."""
-    out = []
+    out: list[tuple[str, bool]] = []
     with os.scandir(fd) as it:
         for entry in it:
             if len(out) >= budget:

@@ -6,11 +6,15 @@ from __future__ import annotations
 import _thread
 import sys
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
+if TYPE_CHECKING:
+    import logging
+
 _stderr_level: str | None = None  # set by the command line; applied by the next logger()
 _stderr_lock = _thread.allocate_lock()
 
 
-def logger():
+def logger() -> logging.Logger:
     import logging
 
     log = logging.getLogger("stubcache")
@@ -27,7 +31,7 @@ def log_to_stderr(level: str) -> None:
     _stderr_level = level
 
 
-def _apply_stderr(log) -> None:
+def _apply_stderr(log: logging.Logger) -> None:
     import logging
 
     global _stderr_level

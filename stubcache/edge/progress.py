@@ -128,7 +128,7 @@ class status:
 
     def _write(self, text: str) -> None:
         try:
-            os.write(self.fd, text.encode("utf-8", "replace"))
+            os.write(self.fd, text.encode("utf-8", "replace"))  # type: ignore[arg-type]  # shown only with an fd
         except OSError:
             pass
 
@@ -143,7 +143,7 @@ class status:
 
 def _columns(fd: int | None) -> int:
     try:
-        cols = os.get_terminal_size(fd).columns
+        cols = os.get_terminal_size(fd).columns  # type: ignore[arg-type]  # None: the TypeError below
     except (OSError, TypeError, ValueError):
         cols = 0
     return max(cols, 20) if cols else 80  # 0: a terminal that never said its size

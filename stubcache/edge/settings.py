@@ -19,7 +19,7 @@ from .errors import StubCacheError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
-    from typing import Any, Callable
+    from typing import Any, Callable, Mapping
 
 DIR = "STUBCACHE_DIR"
 MAX_SIZE = "STUBCACHE_MAX_SIZE"
@@ -172,30 +172,30 @@ def seconds(name: str, raw: str, *, allow_zero: bool = True) -> float:
     return value
 
 
-def root_dir(environ=None) -> str | None:
+def root_dir(environ: Mapping[str, str] | None = None) -> str | None:
     """``STUBCACHE_DIR`` as set (``None`` when unset or empty)."""
     return (os.environ if environ is None else environ).get(DIR) or None
 
 
-def path_list(name: str, environ=None) -> list[str]:
+def path_list(name: str, environ: Mapping[str, str] | None = None) -> list[str]:
     """An ``os.pathsep``-separated list of paths (``STUBCACHE_SEED_DIRS``,
     ``STUBCACHE_TRUSTED_ROOTS``), empty items dropped."""
     raw = (os.environ if environ is None else environ).get(name, "")
     return [p for p in raw.split(os.pathsep) if p.strip()]
 
 
-def require_hit(environ=None) -> bool:
+def require_hit(environ: Mapping[str, str] | None = None) -> bool:
     """``STUBCACHE_REQUIRE_HIT``: a miss raises instead of building."""
     return flag(REQUIRE_HIT, environ)
 
 
-def remote_configured(environ=None) -> bool:
+def remote_configured(environ: Mapping[str, str] | None = None) -> bool:
     """``STUBCACHE_REMOTE`` names a remote store (its settings are checked by
     :func:`stubcache.remote.config.config_from_env`)."""
     return bool((os.environ if environ is None else environ).get(REMOTE, "").strip())
 
 
-def lock_timeout(environ=None) -> float:
+def lock_timeout(environ: Mapping[str, str] | None = None) -> float:
     """``STUBCACHE_LOCK_TIMEOUT`` in seconds (default 600)."""
     raw = (os.environ if environ is None else environ).get(LOCK_TIMEOUT)
     if raw is None or raw.strip() == "":
@@ -203,7 +203,7 @@ def lock_timeout(environ=None) -> float:
     return seconds(LOCK_TIMEOUT, raw)
 
 
-def max_size(environ=None) -> int | None:
+def max_size(environ: Mapping[str, str] | None = None) -> int | None:
     """``STUBCACHE_MAX_SIZE`` in bytes, or ``None`` when unset or ``off`` (no cap; which of
     the two it is, ``sizecap.env_cap`` tells apart)."""
     raw = (os.environ if environ is None else environ).get(MAX_SIZE, "")
@@ -218,7 +218,7 @@ def max_size(environ=None) -> int | None:
                             "a size with a unit: K, M, G or T (powers of 1024, e.g. 10G), or B for bytes; or off for no cap") from None
 
 
-def flag(name: str, environ=None) -> bool:
+def flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
     """A yes/no variable (``STUBCACHE_REQUIRE_HIT``, ``STUBCACHE_REMOTE_INSECURE``)."""
     raw = (os.environ if environ is None else environ).get(name, "")
     v = raw.strip().lower()
@@ -230,7 +230,7 @@ def flag(name: str, environ=None) -> bool:
 
 
 #: every checked variable -> its check (each raises SettingsError; the remote tier's are checked by stubcache.remote.config)
-CHECKS = {
+CHECKS: dict[str, Callable[[Mapping[str, str]], object]] = {
     LOCK_TIMEOUT: lock_timeout,
     MAX_SIZE: max_size,
     REQUIRE_HIT: require_hit,
@@ -238,7 +238,7 @@ CHECKS = {
 }
 
 
-def problems(environ=None) -> list[StubCacheError]:
+def problems(environ: Mapping[str, str] | None = None) -> list[StubCacheError]:
     """Every malformed setting in ``environ`` (default ``os.environ``), in a stable order."""
     env = os.environ if environ is None else environ
     out: list[StubCacheError] = []
@@ -250,7 +250,7 @@ def problems(environ=None) -> list[StubCacheError]:
     return out
 
 
-def validate(environ=None) -> None:
+def validate(environ: Mapping[str, str] | None = None) -> None:
     """Raise the first malformed setting's error (remote settings are checked where the remote
     tier is configured, by :func:`stubcache.remote.config.config_from_env`)."""
     env = os.environ if environ is None else environ

@@ -30,7 +30,7 @@ def load_inline(
     cpp_sources: str | Sequence[str],
     cuda_sources: str | Sequence[str] | None = None,
     sycl_sources: str | Sequence[str] | None = None,
-    functions: Sequence[str] | dict | str | None = None,
+    functions: Sequence[str] | dict[str, str] | str | None = None,
     extra_cflags: Sequence[str] | None = None,
     extra_cuda_cflags: Sequence[str] | None = None,
     extra_sycl_cflags: Sequence[str] | None = None,

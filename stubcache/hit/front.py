@@ -18,6 +18,9 @@ from . import hitpath
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
 if TYPE_CHECKING:
+    from ctypes import CDLL
+    from typing import Any
+
     from ..cache.core import CacheCore, Entry
     from ..key.spec import StubSpec
 
@@ -42,7 +45,7 @@ class StubCache:
     available here; see there.
     """
 
-    def __init__(self, root: str | os.PathLike | None = None, *, lock_timeout: float | None = None,
+    def __init__(self, root: str | os.PathLike[str] | None = None, *, lock_timeout: float | None = None,
                  seeds: list[str] | None = None) -> None:
         self._args = (root, lock_timeout, seeds)
         self._core: CacheCore | None = None
@@ -66,7 +69,7 @@ class StubCache:
             core = self._core = CacheCore(root, lock_timeout=lock_timeout, seeds=seeds)
         return core
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("_args", "_core", "_quick_root"):
             raise AttributeError(name)
         return getattr(self._full(), name)
@@ -74,12 +77,12 @@ class StubCache:
     @property
     def root(self) -> str:
         """The cache root (absolute)."""
-        return self._quick_root if self._core is None else self._core.root
+        return self._quick_root if self._core is None else self._core.root  # type: ignore[return-value]  # no core: a quick root
 
     def __repr__(self) -> str:
         return f"StubCache({self.root!r})"
 
-    def load(self, spec: StubSpec):
+    def load(self, spec: StubSpec) -> CDLL:
         """``get_or_build`` and ``dlopen`` the library; returns a ``ctypes.CDLL``."""
         digest = None
         root = self._quick_root

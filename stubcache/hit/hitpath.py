@@ -49,7 +49,10 @@ from _thread import RLock, allocate_lock  # threading's locks without importing 
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
 if TYPE_CHECKING:
+    from ctypes import CDLL
     from typing import Any
+
+    from ..edge._digest import Hash
 
 LAYOUT = "v1"  # the layout directory under a root (stubcache.storage.store imports it from here)
 RECORD_FORMAT = 1
@@ -84,7 +87,7 @@ PROCESS_LOCK = RLock()
 PINS: dict[tuple[str, str], int] = {}  # (root, key) -> the pin's fd, held for the process's life
 LIB_FDS: dict[str, int] = {}  # library path -> the fd it was checksummed through
 REAL_PATHS: dict[str, str] = {}  # library path -> the real path it was first loaded by
-VERIFIED: dict[str, tuple] = {}  # library path -> (dev, ino, size, mtime_ns) when checksummed
+VERIFIED: dict[str, tuple[int, int, int, int]] = {}  # library path -> (dev, ino, size, mtime_ns) when checksummed
 _event_lock = allocate_lock()
 # (root, key) of hits counted here whose entry the full path has not looked up since in this
 # process: its first lookup then counts no second hit (see counted_here).
@@ -92,12 +95,12 @@ COUNTED: set[tuple[str, str]] = set()
 _event_fds: dict[str, tuple[int, int]] = {}  # events dir -> (fd, pid that opened it)
 
 
-def sig(st: os.stat_result) -> list:
+def sig(st: os.stat_result) -> list[int]:
     # A file's stat signature: device, inode, size, modification time.
     return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
 
 
-def path_sig(path: str) -> list | None:
+def path_sig(path: str) -> list[int] | None:
     if type(path) is not str:
         raise TypeError("a path must be str")
     try:
@@ -113,16 +116,16 @@ def private_ok(st: os.stat_result) -> bool:
             and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
 
 
-def _sha256(data: bytes = b""):
+def _sha256(data: bytes = b"") -> Hash:
     hashlib = sys.modules.get("hashlib")
     if hashlib is not None:  # an engine process has it already: OpenSSL, nothing to import
-        return hashlib.sha256(data)
+        return hashlib.sha256(data)  # type: ignore[no-any-return]  # a module from sys.modules
     from ..edge._digest import sha256
 
     return sha256(data)
 
 
-def _loads(data: bytes):
+def _loads(data: bytes) -> object:
     json = sys.modules.get("json")
     if json is not None:
         return json.loads(data)
@@ -214,7 +217,7 @@ def default_root() -> str | None:
     return None
 
 
-def request_digest(kind: str, request: tuple) -> str | None:
+def request_digest(kind: str, request: tuple[Any, ...]) -> str | None:
     # The digest that names a request's record: ``request`` (plain values only: str, bool, None,
     # int, and lists, tuples and dicts of them) with the process's interpreter, ``sys.path``,
     # ``PATH``, compiler-cache variables, ``HOME`` and ``XDG_CONFIG_HOME`` (they name a compiler
@@ -273,8 +276,8 @@ class HitRecord:
     __slots__ = ("key", "base", "name", "library", "sha256", "size", "manifest", "env", "validators",
                  "tracked", "shadows")
 
-    def __init__(self, key: str, base: str, name: str, library: str, sha256: str, size: int, manifest: list,
-                 env: list, validators: list, tracked: list, shadows: list) -> None:
+    def __init__(self, key: str, base: str, name: str, library: str, sha256: str, size: int, manifest: list[int],
+                 env: list[Any], validators: list[Any], tracked: list[Any], shadows: list[Any]) -> None:
         self.key = key
         self.base = base
         self.name = name
@@ -287,7 +290,7 @@ class HitRecord:
         self.tracked = tracked
         self.shadows = shadows
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"format": RECORD_FORMAT, **{k: getattr(self, k) for k in self.__slots__}}
 
     @classmethod
@@ -301,8 +304,8 @@ class HitRecord:
         for text in (key, base, name, library, sha):
             if type(text) is not str or not text or "/" in text or "\0" in text or text in (".", ".."):
                 return None
-        if not (key.isascii() and key.isalnum() and base.isascii() and base.isalnum() and name.isascii()
-                and name.isidentifier()):
+        if not (key.isascii() and key.isalnum() and base.isascii() and base.isalnum() and name.isascii()  # type: ignore[union-attr]
+                and name.isidentifier()):  # type: ignore[union-attr]  # str: the loop above checked
             return None
         if type(size) is not int or size < 0 or not _ints(data.get("manifest"), 4):
             return None
@@ -311,7 +314,7 @@ class HitRecord:
             return None
         # The rows' shapes are checked where they are used (_still_holds): a row that is not
         # what the full path writes fails its comparison or raises there, and the record is ignored.
-        return cls(key, base, name, library, sha, size, data["manifest"], env, validators, tracked, shadows)
+        return cls(key, base, name, library, sha, size, data["manifest"], env, validators, tracked, shadows)  # type: ignore[arg-type]
 
 
 def _ints(value: object, n: int) -> bool:
@@ -576,7 +579,7 @@ def touch(fd: int, st: os.stat_result) -> None:
         pass
 
 
-def load(hit: Hit):
+def load(hit: Hit) -> CDLL | None:
     # ``dlopen`` a verified hit's library by its real path, then check the mapping against the
     # checksummed descriptor; ``None`` (nothing left loaded) if the mapping is not that file.
     real = REAL_PATHS.get(hit.path)
@@ -590,7 +593,7 @@ def load(hit: Hit):
 MAPPED: set[str] = set()  # paths loaded and whose mapping was checked in this process
 _RTLD_DI_LINKMAP = 2
 _PT_LOAD = 1
-_dlinfo = None  # libc's dlinfo through ctypes, looked up on first use (False: unavailable)
+_dlinfo: Any = None  # libc's dlinfo through ctypes, looked up on first use (False: unavailable)
 
 
 def _load_address(handle: int) -> int | None:
@@ -658,7 +661,7 @@ def _mapped_ok(real: str, st: os.stat_result, handle: int, fd: int) -> bool:
     return False
 
 
-def _load_checked(real: str, st: os.stat_result, fd: int):
+def _load_checked(real: str, st: os.stat_result, fd: int) -> CDLL | None:
     # ``dlopen`` ``real`` and check its mapping against ``fd``; ``None`` (unloaded) on a mismatch.
     import ctypes
 

@@ -56,7 +56,7 @@ _ENV_DATA = getattr(os.environ, "_data", None)
 _ENV_KEYS_RAW = tuple(os.environ.encodekey(k) for k in KEY_ENV_VARS) if _ENV_DATA is not None else ()
 
 
-def env_snapshot() -> tuple:
+def env_snapshot() -> tuple[Any, ...]:
     """The key environment variables' raw values: a few dict lookups, cheap enough for every call."""
     if _ENV_DATA is not None:
         get = _ENV_DATA.get
@@ -64,7 +64,7 @@ def env_snapshot() -> tuple:
     return tuple([os.environ.get(k) for k in KEY_ENV_VARS])
 
 
-def env_from_snapshot(snap: tuple) -> dict[str, str]:
+def env_from_snapshot(snap: tuple[Any, ...]) -> dict[str, str]:
     out = {}
     for name, raw in zip(KEY_ENV_VARS, snap):
         if raw is not None:
@@ -82,7 +82,7 @@ def torch_dir() -> str | None:
     call; :meth:`Fingerprint.torch_dir` remembers it)."""
     mod = sys.modules.get("torch")
     if mod is not None and getattr(mod, "__file__", None):
-        return os.path.dirname(mod.__file__)
+        return os.path.dirname(mod.__file__)  # type: ignore[type-var]  # a str: checked above
     import importlib.util
 
     spec = importlib.util.find_spec("torch")
@@ -99,7 +99,7 @@ def torch_dir() -> str | None:
 # directory searched before it (a compiler added earlier on PATH changes that directory's mtime).
 
 
-def fast_memo_path(state_dir: str, env: dict) -> str:
+def fast_memo_path(state_dir: str, env: dict[str, Any]) -> str:
     # A compiler cache's own variables (CCACHE_COMPILER, CCACHE_PREFIX, …) choose the compiler
     # it runs: a fingerprint holds only for their values.
     wrapper_env = sorted([(k, v) for k, v in os.environ.items() if k.startswith(("CCACHE_", "SCCACHE_", "BUILDCACHE_"))])
@@ -113,7 +113,7 @@ def fast_memo_path(state_dir: str, env: dict) -> str:
                         + ".json")
 
 
-def _fast_memo_get(state_dir: str | None, env: dict) -> dict | None:
+def _fast_memo_get(state_dir: str | None, env: dict[str, Any]) -> dict[str, Any] | None:
     if not state_dir:
         return None
     try:
@@ -145,16 +145,16 @@ class Fingerprint:
         self._lock = allocate_lock()
         # (environment snapshot, fingerprint computed from exactly that snapshot), replaced as
         # one object so a thread can never pair a new environment with an old fingerprint.
-        self._current: tuple | None = None
+        self._current: tuple[Any, dict[str, Any]] | None = None
         self._compilers: dict[str, dict[str, Any]] = {}
-        self._natives: dict[tuple, dict[str, Any]] = {}
-        self._flag_tools: dict[tuple, dict[str, Any]] = {}
+        self._natives: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self._flag_tools: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._torch_dir: str | None = None
 
     def __repr__(self) -> str:
         return f"Fingerprint({self.state_dir!r}{', read_only=True' if self.read_only else ''})"
 
-    def _once(self, table: dict, key: object, compute: Callable[[], dict]) -> dict:
+    def _once(self, table: dict[Any, dict[str, Any]], key: Any, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         """``table[key]``, computed by ``compute`` the first time (outside the lock: a probe runs
         subprocesses; two threads may both compute, and both get the same answer)."""
         with self._lock:
@@ -165,7 +165,7 @@ class Fingerprint:
         with self._lock:
             return table.setdefault(key, value)
 
-    def _memo(self, memo_key: str, compute: Callable[[], dict], valid: Callable[[dict], bool] | None = None) -> dict:
+    def _memo(self, memo_key: str, compute: Callable[[], dict[str, Any]], valid: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, Any]:
         from .toolchain import memo
 
         return memo(self.state_dir, memo_key, compute, valid, self.read_only)
@@ -236,7 +236,7 @@ class Fingerprint:
             fp["visible_archs"] = visible_cuda_archs(self._memo)
         return fp
 
-    def native_target(self, flags: tuple) -> dict[str, Any]:
+    def native_target(self, flags: tuple[Any, ...]) -> dict[str, Any]:
         """What ``-march=native``/``-mtune=native``/``-mcpu=native`` mean on this CPU: the
         compiler's resolved target options (``-Q --help=target``), memoised per compiler, flags
         and boot."""
@@ -247,7 +247,7 @@ class Fingerprint:
         return self._once(self._natives, (cxx, native), lambda: toolchain.native_target(
             cxx, native, self.compiler_identity(cxx), self._memo))
 
-    def flag_tools(self, flags: tuple) -> dict[str, Any]:
+    def flag_tools(self, flags: tuple[Any, ...]) -> dict[str, Any]:
         """The compiler proper, assembler and linker that the driver runs with ``flags``
         (``-fuse-ld=gold``, ``-B DIR``), each by resolved path, SHA-256 and version: the probed
         default ones in the base fingerprint are not the ones such a build uses. Memoised per

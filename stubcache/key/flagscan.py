@@ -24,7 +24,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
 if TYPE_CHECKING:
-    from typing import Iterable
+    from typing import Any, Iterable
 
 TOOL_FLAG_PREFIXES = ("-fuse-ld=", "--ld-path=", "-B")
 # Include-search flags that take a value, joined (-Idir) or as the next word (-I dir).
@@ -45,8 +45,8 @@ class FlagScan:
 
     __slots__ = ("search", "host_targets", "tool_flags", "files", "lib_dirs", "lib_names")
 
-    def __init__(self, search: tuple, host_targets: tuple, tool_flags: tuple, files: tuple, lib_dirs: tuple,
-                 lib_names: tuple) -> None:
+    def __init__(self, search: tuple[Any, ...], host_targets: tuple[str, ...], tool_flags: tuple[str, ...], files: tuple[Any, ...], lib_dirs: tuple[Any, ...],
+                 lib_names: tuple[Any, ...]) -> None:
         self.search = search
         self.host_targets = host_targets
         self.tool_flags = tool_flags

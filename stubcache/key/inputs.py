@@ -26,6 +26,17 @@ import time
 
 from ..storage.store import file_sha256
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from typing import Any
+
+    # What __getattr__ below hands out from stubcache.tracking, for type checkers.
+    from .tracking import SearchPath as SearchPath, Tracked as Tracked, file_candidates as file_candidates
+    from .tracking import files_named_by_flags as files_named_by_flags, finish_search_path as finish_search_path
+    from .tracking import has_include_names as has_include_names, library_candidates as library_candidates
+    from .tracking import parse_depfile as parse_depfile, pinned_prefixes as pinned_prefixes
+    from .tracking import start_search_path as start_search_path, track as track
+
 # A file whose ctime is this close to (or after) the start of the build may have been written
 # while the compiler read it: such a build is never published. The kernel stamps files from a
 # coarse clock that lags time.time() by up to a jiffy.
@@ -51,15 +62,15 @@ LINK_DEPFILE = "stubcache.link.deps"
 AS_DEPFILE = "stubcache.as.deps"  # GNU as: files the assembler read (.incbin, .include)
 
 # path -> (signature, sha256) for files this process has hashed: a repeated check is a stat.
-known_hashes: dict[str, tuple[list, str]] = {}
+known_hashes: dict[str, tuple[list[Any], str]] = {}
 
 
-def signature(st: os.stat_result) -> list:
+def signature(st: os.stat_result) -> list[Any]:
     """What must stay equal for a recorded hash to be trusted without reading the file."""
     return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
-def dir_sig(path: str) -> list | None:
+def dir_sig(path: str) -> list[Any] | None:
     try:
         st = os.stat(path)
     except OSError:
@@ -67,7 +78,7 @@ def dir_sig(path: str) -> list | None:
     return [st.st_dev, st.st_ino, st.st_mtime_ns]
 
 
-def recordable(sig: list | None) -> list | None:
+def recordable(sig: list[Any] | None) -> list[Any] | None:
     """A signature stamped within the clock's slack of now could be reused by a write that
     follows at once; record none (the lookup then checks the slow way)."""
     if sig is None or sig[-1] >= time.time_ns() - slack_ns(sig[-1]):
@@ -82,7 +93,7 @@ class MalformedInputs(ValueError):
     """A manifest's ``headers``/``inputs`` record is not what stubcache writes."""
 
 
-def still_valid(files: dict, inputs: dict | None, memo_path: str | None = None) -> bool:
+def still_valid(files: dict[str, Any], inputs: dict[str, Any] | None, memo_path: str | None = None) -> bool:
     """True if every tracked file has its recorded content and no shadowing file appeared.
 
     ``files`` is ``{path: sha256}`` (the manifest's ``headers``); ``inputs`` the manifest's
@@ -98,7 +109,7 @@ def still_valid(files: dict, inputs: dict | None, memo_path: str | None = None) 
         raise MalformedInputs(f"malformed tracked-input record ({type(exc).__name__}: {exc})") from None
 
 
-def read_sig_memo(path: str | None) -> dict:
+def read_sig_memo(path: str | None) -> dict[str, Any]:
     if not path:
         return {}
     from ..edge import _json as json
@@ -111,10 +122,10 @@ def read_sig_memo(path: str | None) -> dict:
         return {}
 
 
-def _still_valid(files: dict, inputs: dict | None, memo_path: str | None) -> bool:
+def _still_valid(files: dict[str, Any], inputs: dict[str, Any] | None, memo_path: str | None) -> bool:
     sigs = (inputs or {}).get("sigs") or {}
-    memo: dict | None = None
-    learned: dict = {}
+    memo: dict[str, Any] | None = None
+    learned: dict[str, Any] = {}
     for path, digest in files.items():
         try:
             st = os.stat(path)
@@ -156,7 +167,7 @@ def _still_valid(files: dict, inputs: dict | None, memo_path: str | None) -> boo
     return True
 
 
-def changed_inputs(files: dict, inputs: dict | None) -> list[str]:
+def changed_inputs(files: dict[str, Any], inputs: dict[str, Any] | None) -> list[str]:
     """Why an entry's tracked files no longer match, one line each (for ``stubcache explain``);
     empty if they all do. Reads and hashes; remembers nothing."""
     out = []
@@ -179,7 +190,7 @@ def changed_inputs(files: dict, inputs: dict | None) -> list[str]:
     return out
 
 
-def _stable(path: str, sig: list) -> bool:
+def _stable(path: str, sig: list[Any]) -> bool:
     """A hash may be memoised only if the file is not being written right now."""
     try:
         return signature(os.stat(path)) == sig and sig[4] < time.time_ns() - slack_ns(sig[4])
@@ -187,7 +198,7 @@ def _stable(path: str, sig: list) -> bool:
         return False
 
 
-def absent_paths(record: dict | None) -> list[str]:
+def absent_paths(record: dict[str, Any] | None) -> list[str]:
     """The shadow candidates of a :func:`track` record, as absolute paths (for the entry key)."""
     shadows = (record or {}).get("shadows") or {}
     return [os.path.join(d, rel) for d, (_, names) in shadows.items() for rel in names]

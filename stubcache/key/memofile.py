@@ -8,8 +8,12 @@ import os
 
 from ..edge import _json
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from typing import Any
 
-def write_json(path: str, data: dict) -> None:
+
+def write_json(path: str, data: dict[str, Any]) -> None:
     """Best-effort atomic write of a memo (readers see the old file or the new one)."""
     from ..edge import fsroot
     from ..storage import locking
@@ -22,7 +26,7 @@ def write_json(path: str, data: dict) -> None:
         pass
 
 
-def load_json(path: str):
+def load_json(path: str) -> Any:
     """A memo's JSON: a regular file only, size-capped (a FIFO planted in state/ cannot hang a start)."""
     from ..edge import fsroot
 

@@ -26,6 +26,10 @@ import stat
 from ..edge import _json, fsroot
 from ..edge._digest import sha256
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from typing import Any
+
 CAP = fsroot.SMALL_CAP * 16
 MAX_FILES = 256
 
@@ -87,7 +91,7 @@ def _open_dir(create: bool) -> int | None:
     return pfd
 
 
-def read(memo_key: str) -> dict | None:
+def read(memo_key: str) -> dict[str, Any] | None:
     """The answer kept for ``memo_key`` (a probe's answer is a JSON object), or ``None``."""
     dfd = _open_dir(create=False)
     if dfd is None:
@@ -101,7 +105,8 @@ def read(memo_key: str) -> dict | None:
         finally:
             os.close(fd)
         if isinstance(data, dict) and data.get("memo_key") == memo_key and isinstance(data.get("value"), dict):
-            return data["value"]
+            value: dict[str, Any] = data["value"]
+            return value
     except (OSError, ValueError, RecursionError):
         pass
     finally:
@@ -109,7 +114,7 @@ def read(memo_key: str) -> dict | None:
     return None
 
 
-def write(memo_key: str, value) -> None:
+def write(memo_key: str, value: dict[str, Any]) -> None:
     """Keep ``value`` as the answer for ``memo_key`` (atomically, mode ``0600``); best-effort."""
     from ..storage import locking
 

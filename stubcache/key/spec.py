@@ -192,14 +192,14 @@ def _include_paths(value: Any, field: str) -> tuple[str, ...]:
 def _builder(value: Any, field: str) -> str | None:
     if value not in (None, "direct", "load_inline"):
         raise ValueError(f"{field} must be None, 'direct' or 'load_inline', got {value!r}")
-    return value
+    return value  # type: ignore[no-any-return]  # None or one of the two strings, checked above
 
 
-def _pairs_to_dict(pairs: Any) -> dict | None:
+def _pairs_to_dict(pairs: Any) -> dict[str, str] | None:
     return dict(pairs) if pairs is not None else None
 
 
-def _functions_key(spec: "StubSpec") -> list | None:
+def _functions_key(spec: "StubSpec") -> list[list[str]] | None:
     return [list(p) for p in spec.functions] if spec.functions is not None else None
 
 
@@ -286,7 +286,7 @@ _KEY = tuple((f.key_name, f.key, None) if f.key else (f.key_name, attrgetter(f.n
 def spec_from_canonical(data: Mapping[str, Any]) -> "StubSpec":
     """The spec whose :meth:`StubSpec.canonical` is ``data`` (a manifest's ``preimage.spec``);
     raises ``KeyError``/``TypeError``/``ValueError`` for data that is not such a form."""
-    args = {}
+    args: dict[str, Any] = {}
     for f in FIELDS:
         value = data[f.key_name] if f.default is REQUIRED else data.get(f.key_name)
         args[f.name] = value if f.from_key is None else f.from_key(value)
@@ -325,6 +325,27 @@ class StubSpec:
         "_canonical",
         "_mentions", "_host_targets", "_tool_flags", "_reads_user_files",
     )
+    # The slots' stored types, for type checkers (the fields are FIELDS, in order, as their checks
+    # store them; tests/test_spec_fields.py checks the names). No values: slots, not class attributes.
+    name: str
+    cpp_sources: tuple[str, ...]
+    cuda_sources: tuple[str, ...]
+    functions: tuple[tuple[str, str], ...] | None
+    extra_cflags: tuple[str, ...]
+    extra_cuda_cflags: tuple[str, ...]
+    extra_ldflags: tuple[str, ...]
+    extra_include_paths: tuple[str, ...]
+    with_cuda: bool | None
+    is_python_module: bool
+    with_pytorch_error_handling: bool
+    no_implicit_headers: bool | None
+    builder: str | None
+    separate_units: bool
+    _canonical: dict[str, Any] | None
+    _mentions: bool | None
+    _host_targets: tuple[str, ...]
+    _tool_flags: tuple[str, ...]
+    _reads_user_files: bool
 
     def __init__(
         self,
@@ -385,7 +406,7 @@ class StubSpec:
     def __delattr__(self, name: str) -> None:
         raise AttributeError(f"StubSpec is immutable: cannot delete {name!r}")
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
         # pickle and copy rebuild through __init__ (validation included), never by setattr.
         return (StubSpec.from_dict, (self.to_dict(),))
 
@@ -410,7 +431,9 @@ class StubSpec:
 
     def _mentions_torch(self) -> bool:
         if self._mentions is None:
-            object.__setattr__(self, "_mentions", mentions_torch(self.cpp_sources + self.cuda_sources))
+            mentions = mentions_torch(self.cpp_sources + self.cuda_sources)
+            object.__setattr__(self, "_mentions", mentions)
+            return mentions
         return self._mentions
 
     @property
@@ -452,14 +475,15 @@ class StubSpec:
         process. Either way every header a build read is part of the entry key."""
         return bool(self.extra_include_paths) or self._reads_user_files
 
-    def canonical(self) -> dict:
+    def canonical(self) -> dict[str, Any]:
         """The spec's part of the key pre-image: plain JSON data, independent of option order."""
         if self._canonical is None:
-            canonical = {}
+            canonical: dict[str, Any] = {}
             for key_name, get, data in _KEY:
                 value = get(self)
                 canonical[key_name] = value if data is None else data(value)
             object.__setattr__(self, "_canonical", canonical)  # a memo slot: skips the guard
+            return canonical
         return self._canonical
 
     def to_json(self) -> str:
@@ -469,7 +493,7 @@ class StubSpec:
 
         return json.dumps(self.to_dict(), sort_keys=True, ensure_ascii=False)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The spec as plain JSON-ready data; :meth:`from_dict` turns it back into an equal spec."""
         out = {}
         for field, get, data in _DATA:
@@ -484,7 +508,7 @@ class StubSpec:
         if isinstance(data, (str, bytes, bytearray)):
             import json
 
-            data = json.loads(data)
+            return cls.from_dict(json.loads(data))
         return cls.from_dict(data)
 
     @classmethod

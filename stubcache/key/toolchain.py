@@ -35,7 +35,7 @@ def which(command: str) -> str | None:
     return None
 
 
-def torch_facts(tdir: str | None, memo: Callable) -> dict[str, Any]:
+def torch_facts(tdir: str | None, memo: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     if tdir is None:
         return {"version": None}
     import re
@@ -61,7 +61,7 @@ def torch_facts(tdir: str | None, memo: Callable) -> dict[str, Any]:
     return facts
 
 
-def _cxx11_abi(tdir: str, memo: Callable) -> int | None:
+def _cxx11_abi(tdir: str, memo: Callable[..., dict[str, Any]]) -> int | None:
     """torch's ``_GLIBCXX_USE_CXX11_ABI``, read from libc10's symbols and remembered on disk."""
     torch_mod = sys.modules.get("torch")
     if torch_mod is not None and hasattr(torch_mod, "_C"):
@@ -73,15 +73,16 @@ def _cxx11_abi(tdir: str, memo: Callable) -> int | None:
         return None
     memo_key = f"abi:{lib}:{st.st_size}:{st.st_mtime_ns}"
 
-    def compute() -> dict:
+    def compute() -> dict[str, Any]:
         with open(lib, "rb") as fh:
             data = fh.read()
         return {"abi": 1 if b"__cxx11" in data else 0}
 
-    return memo(memo_key, compute).get("abi")
+    abi: int | None = memo(memo_key, compute).get("abi")
+    return abi
 
 
-def _read_memo(path: str, memo_key: str):
+def _read_memo(path: str, memo_key: str) -> Any:
     try:
         data = load_json(path)
         if data.get("memo_key") == memo_key:
@@ -105,7 +106,8 @@ def _memo_wait() -> float:
         return MEMO_LOCK_WAIT
 
 
-def memo(state_dir: str | None, memo_key: str, compute, valid=None, read_only: bool = False) -> dict:
+def memo(state_dir: str | None, memo_key: str, compute: Callable[[], dict[str, Any]],
+         valid: Callable[[dict[str, Any]], bool] | None = None, read_only: bool = False) -> dict[str, Any]:
     """A tiny on-disk memo for expensive, deterministic toolchain facts (``read_only``: use one
     that is there, write none).
 
@@ -116,7 +118,7 @@ def memo(state_dir: str | None, memo_key: str, compute, valid=None, read_only: b
     path = os.path.join(state_dir, name) if state_dir else None
     if path is None:
         return compute()
-    value = _read_memo(path, memo_key)
+    value: dict[str, Any] | None = _read_memo(path, memo_key)
     if value is not None and (valid is None or valid(value)):
         return value
     if read_only:
@@ -125,7 +127,7 @@ def memo(state_dir: str | None, memo_key: str, compute, valid=None, read_only: b
     from ..storage import locking
 
     try:
-        with fsroot.Dir(state_dir) as sfd:
+        with fsroot.Dir(state_dir) as sfd:  # type: ignore[arg-type]  # a state_dir: path is not None
             # A group-writable (shared) state directory gets a group-usable lock file.
             lock_fd = locking.open_lock_at(sfd, name + ".lock", shared=bool(os.fstat(sfd).st_mode & 0o020))
     except OSError:
@@ -148,12 +150,13 @@ def memo(state_dir: str | None, memo_key: str, compute, valid=None, read_only: b
             os.close(lock_fd)
 
 
-def _host_answer(memo_key: str, compute, valid=None, keep: bool = True):
+def _host_answer(memo_key: str, compute: Callable[[], dict[str, Any]],
+                 valid: Callable[[dict[str, Any]], bool] | None = None, keep: bool = True) -> dict[str, Any]:
     """The answer this user's probe memo keeps for ``memo_key`` (:mod:`stubcache.key.probememo`), if
     it is still valid; else ``compute()``, kept there for the next root (unless not ``keep``)."""
     from . import probememo
 
-    value = probememo.read(memo_key)
+    value: dict[str, Any] | None = probememo.read(memo_key)
     try:
         if value is not None and (valid is None or valid(value)):
             return value
@@ -165,7 +168,7 @@ def _host_answer(memo_key: str, compute, valid=None, keep: bool = True):
     return value
 
 
-def compiler_identity(command: str, memo: Callable) -> dict[str, Any]:
+def compiler_identity(command: str, memo: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     """See :meth:`Fingerprint.compiler_identity` (``memo``: its on-disk memo)."""
     import shlex
 
@@ -192,18 +195,18 @@ def compiler_identity(command: str, memo: Callable) -> dict[str, Any]:
         if wrapper:  # its settings choose the compiler it runs (CCACHE_COMPILER, ccache.conf, a prefix)
             memo_key += f":{wrapper_config()}"
 
-        def compute() -> dict:
+        def compute() -> dict[str, Any]:
             value = _probe_compiler([found, *words[1:]])
             # The program named by CXX itself: a script in front of the compiler may add flags.
             value["sha256"] = _file_sha256(path)
             tool = _tool(driver) if driver else None
             if tool:
                 value["real"]["driver"] = tool
-                value["validators"].append([tool["path"], path_sig(driver)])
+                value["validators"].append([tool["path"], path_sig(driver)])  # type: ignore[arg-type]  # a tool: a driver
             if wrapper:
                 # A prefix command (CCACHE_PREFIX, prefix_command) runs in front of the compiler
                 # and may add flags: identified by content, like a script named by CXX.
-                prefixes = [{"path": p, "sha256": _file_sha256(p)} for p in wrapper_prefixes()]
+                prefixes: list[dict[str, Any]] = [{"path": p, "sha256": _file_sha256(p)} for p in wrapper_prefixes()]
                 if prefixes:
                     value["real"]["wrapper_prefix"] = prefixes
                     value["validators"] += [[p["path"], path_sig(p["path"])] for p in prefixes]
@@ -220,7 +223,7 @@ def compiler_identity(command: str, memo: Callable) -> dict[str, Any]:
 TOOL_ENV_VARS = ("COMPILER_PATH", "GCC_EXEC_PREFIX", "CCC_OVERRIDE_OPTIONS")
 
 
-def _tool_env() -> list:
+def _tool_env() -> list[Any]:
     return [os.environ.get(v) for v in TOOL_ENV_VARS]
 
 
@@ -249,7 +252,7 @@ def wrapper_config_files() -> list[str]:
     return list(dict.fromkeys(p for p in out if p))
 
 
-def wrapper_config() -> list:
+def wrapper_config() -> list[Any]:
     """What a compiler cache reads to choose and run the compiler: its environment variables
     and its config files (by stat signature, absent ones too): the probe memo's validity."""
     env = sorted((k, v) for k, v in os.environ.items() if k.startswith(WRAPPER_ENV_PREFIXES))
@@ -319,12 +322,12 @@ def _run_text(cmd: list[str]) -> str:
     return _run_all([cmd])[0]
 
 
-def _run_all(cmds: list[list[str]], env: dict | None = None) -> list[str]:
+def _run_all(cmds: list[list[str]], env: dict[str, Any] | None = None) -> list[str]:
     """Run commands concurrently; each one's stdout+stderr text (``<failed: …>`` if it could not
     run). A cold host probes its compiler once; running the probes side by side keeps that short."""
     import subprocess
 
-    procs: list = []
+    procs: list[Any] = []
     for cmd in cmds:
         try:
             procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -364,7 +367,7 @@ def _resolve_tool(path: str | None) -> str | None:
     return os.path.realpath(path) if path else None
 
 
-def _tool(path: str) -> dict | None:
+def _tool(path: str) -> dict[str, Any] | None:
     """A program by resolved path, SHA-256 and first line of ``--version``."""
     real = _resolve_tool(path)
     if real is None:
@@ -373,7 +376,7 @@ def _tool(path: str) -> dict | None:
     return {"path": real, "sha256": _file_sha256(real), "version": lines[0] if lines else ""}
 
 
-def _probe_compiler(cmd: list[str]) -> dict:
+def _probe_compiler(cmd: list[str]) -> dict[str, Any]:
     """Run the driver (through whatever wraps it) to learn which programs it really runs."""
     import shlex
     import threading
@@ -440,14 +443,14 @@ def _probe_compiler(cmd: list[str]) -> dict:
     return {"version": version.strip(), "real": real, "validators": validators}
 
 
-def _compiler_answer_holds(value: dict) -> bool:
+def _compiler_answer_holds(value: dict[str, Any]) -> bool:
     """A compiler probe's kept answer still holds: it has the shape :func:`compiler_identity`
     reads (a memo file of the user's own may still be damaged) and its tools are unchanged."""
     return (isinstance(value, dict) and "version" in value and isinstance(value.get("real"), dict)
             and isinstance(value.get("validators"), list) and _real_tools_unchanged(value))
 
 
-def _real_tools_unchanged(value: dict) -> bool:
+def _real_tools_unchanged(value: dict[str, Any]) -> bool:
     try:
         return all(path_sig(p) == sig for p, sig in value.get("validators", []))
     except (TypeError, ValueError):
@@ -464,11 +467,11 @@ def _boot_id() -> str:
         return str(os.getpid())
 
 
-def native_target(cxx: str, native: tuple, ident: dict, memo: Callable) -> dict[str, Any]:
+def native_target(cxx: str, native: tuple[Any, ...], ident: dict[str, Any], memo: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     """See :meth:`Fingerprint.native_target`."""
     memo_key = f"native:{ident.get('path')}:{ident.get('version')}:{native}:{_boot_id()}"
 
-    def compute() -> dict:
+    def compute() -> dict[str, Any]:
         import shlex
 
         words = shlex.split(cxx) or [cxx]
@@ -520,12 +523,12 @@ def _clang_linker(output: str) -> str | None:
     return found
 
 
-def flag_tools(cxx: str, flags: tuple, ident: dict, memo: Callable) -> dict[str, Any]:
+def flag_tools(cxx: str, flags: tuple[Any, ...], ident: dict[str, Any], memo: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     """See :meth:`Fingerprint.flag_tools`."""
     memo_key = (f"tools2:{ident.get('path')}:{ident.get('version')}:{flags}:{os.environ.get('PATH', '')}:"
                 f"{_tool_env()}")
 
-    def compute() -> dict:
+    def compute() -> dict[str, Any]:
         import shlex
 
         words = shlex.split(cxx) or [cxx]
@@ -558,7 +561,7 @@ def libc() -> str:
         return "unknown"
 
 
-def validators(fp: dict, env: dict, tdir: str | None) -> list:
+def validators(fp: dict[str, Any], env: dict[str, Any], tdir: str | None) -> list[Any]:
     paths = []
     # The import path up to torch's directory: installing a torch earlier on it changes one of
     # these directories' mtimes.
@@ -613,7 +616,7 @@ def nvcc_command() -> str:
     return nvcc
 
 
-def visible_cuda_archs(memo: Callable) -> list[str] | None:
+def visible_cuda_archs(memo: Callable[..., dict[str, Any]]) -> list[str] | None:
     """Compute capabilities (``"9.0"``) of the GPUs this process sees, as torch's
     ``_get_cuda_arch_flags`` would list them; memoised per boot, GPU set and
     ``CUDA_VISIBLE_DEVICES`` (asking the driver costs a ``cuInit``)."""
@@ -623,10 +626,11 @@ def visible_cuda_archs(memo: Callable) -> list[str] | None:
         gpus = []
     memo_key = f"cudaarch:{_boot_id()}:{gpus}:{os.environ.get('CUDA_VISIBLE_DEVICES')}"
 
-    def compute() -> dict:
+    def compute() -> dict[str, Any]:
         return {"archs": _query_cuda_archs()}
 
-    return memo(memo_key, compute).get("archs")
+    archs: list[str] | None = memo(memo_key, compute).get("archs")
+    return archs
 
 
 def _query_cuda_archs() -> list[str] | None:

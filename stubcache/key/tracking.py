@@ -16,8 +16,9 @@ from ..storage.store import file_sha256
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
+    import re
     import subprocess
-    from typing import Iterable
+    from typing import Any, Iterable, Sequence
 
 
 class SearchPath:
@@ -35,7 +36,7 @@ class SearchPath:
         self.driver_version = driver_version
 
 
-def start_search_path(cmd: list[str], cwd: str | None = None) -> "subprocess.Popen":
+def start_search_path(cmd: list[str], cwd: str | None = None) -> "subprocess.Popen[bytes]":
     """Start the compiler ``cmd`` (with all include-affecting flags) reporting its search order."""
     import subprocess
 
@@ -43,7 +44,7 @@ def start_search_path(cmd: list[str], cwd: str | None = None) -> "subprocess.Pop
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd)
 
 
-def finish_search_path(proc: "subprocess.Popen") -> SearchPath:
+def finish_search_path(proc: "subprocess.Popen[bytes]") -> SearchPath:
     """Parse what :func:`start_search_path` printed."""
     import subprocess
 
@@ -147,7 +148,7 @@ def pinned_prefixes(own_dirs: list[str], torch_dir: str | None, python_include: 
     return out
 
 
-def is_pinned(path: str, pinned: list[str]) -> bool:
+def is_pinned(path: str, pinned: Sequence[str]) -> bool:
     """Whether ``path`` (as the compiler named it) is a file whose contents the fingerprint pins:
     the file it resolves to lies under a pinned prefix, and so does the path as named. A symlink
     from a user directory into a pinned one is not pinned: the link may be pointed elsewhere
@@ -214,6 +215,9 @@ def _parse_linker_depfile(text: str, base: str) -> list[str]:
     out = []
     for raw in names:
         escaped = _make_words(raw)
+        if escaped is None:  # ambiguous read as make escapes (lld's): neither spelling is sure
+            out.append(UNEXPRESSED)
+            continue
         cooked = escaped[0] if len(escaped) == 1 else None
         if cooked is None or cooked == raw:
             out.append(raw)  # ld writes names as they are
@@ -297,14 +301,14 @@ class Tracked:
 
     __slots__ = ("files", "record", "unstable")
 
-    def __init__(self, files: dict, record: dict, unstable: list[str]) -> None:
+    def __init__(self, files: dict[str, Any], record: dict[str, Any], unstable: list[str]) -> None:
         self.files = files
         self.record = record
         self.unstable = unstable
 
 
-_HAS_INCLUDE = None
-_QUOTED = None
+_HAS_INCLUDE: re.Pattern[str] | None = None
+_QUOTED: re.Pattern[str] | None = None
 
 
 def has_include_names(texts: Iterable[str]) -> list[str]:
@@ -331,7 +335,7 @@ def has_include_names(texts: Iterable[str]) -> list[str]:
 def quoted_include_names(text: str) -> list[str]:
     """The names of the ``#include "name"`` lines in a header's text."""
     has_include_names(())  # compiles the patterns
-    return [kpath.tidy(n) for n in _QUOTED.findall(text)] if '"' in text else []
+    return [kpath.tidy(n) for n in _QUOTED.findall(text)] if '"' in text else []  # type: ignore[union-attr]  # compiled
 
 
 def track(deps: Iterable[str], build_dir: str, pinned: list[str], search: SearchPath | None,
@@ -344,11 +348,11 @@ def track(deps: Iterable[str], build_dir: str, pinned: list[str], search: Search
     name found nowhere is recorded as absent in every searched directory."""
     skip = os.path.realpath(build_dir).rstrip("/") + "/"
     files: dict[str, str] = {}
-    sigs: dict[str, list] = {}
+    sigs: dict[str, list[Any]] = {}
     unstable: list[str] = []
     headers: list[str] = []
     pinned_headers: list[str] = []
-    beside: dict[str, set] = {}
+    beside: dict[str, set[Any]] = {}
     probes = list(probes)
 
     def add(path: str, probe: bool = False) -> None:
@@ -410,7 +414,7 @@ def track(deps: Iterable[str], build_dir: str, pinned: list[str], search: Search
             absent_names.append(name)
         else:
             add(found, probe=True)
-    record: dict = {"sigs": sigs}
+    record: dict[str, Any] = {"sigs": sigs}
     if search is not None:
         record["search"] = search.dirs  # the search order, as the compiler named its directories
         record["shadows"] = shadow_candidates(headers + pinned_headers, search, pinned, absent_names, beside,
@@ -447,9 +451,9 @@ def _driver_temporary(path: str) -> bool:
     return re.fullmatch(r"cc[A-Za-z0-9]{6}\.[os]", os.path.basename(path)) is not None
 
 
-def shadow_candidates(headers: list[str], search: SearchPath, pinned: list[str] = (),
-                      absent_names: list[str] = (), beside: dict | None = None, started_ns: int | None = None,
-                      unstable: list | None = None) -> dict:
+def shadow_candidates(headers: list[str], search: SearchPath, pinned: Sequence[str] = (),
+                      absent_names: Sequence[str] = (), beside: dict[str, Any] | None = None, started_ns: int | None = None,
+                      unstable: list[Any] | None = None) -> dict[str, Any]:
     """``{directory: [dir signature, [names]]}``: for each header found under search directory D
     as ``rel``, the paths ``E/rel`` for every directory E searched before D (and every directory
     the compiler skipped as missing), and ``P/name`` for each ``#include "name"`` in a tracked
@@ -488,8 +492,8 @@ def shadow_candidates(headers: list[str], search: SearchPath, pinned: list[str] 
     return file_candidates(cands, pinned, None, started_ns, unstable)
 
 
-def file_candidates(cands: Iterable[str], pinned: list[str] = (), out: dict | None = None,
-                    started_ns: int | None = None, unstable: list | None = None) -> dict:
+def file_candidates(cands: Iterable[str], pinned: Sequence[str] = (), out: dict[str, Any] | None = None,
+                    started_ns: int | None = None, unstable: list[Any] | None = None) -> dict[str, Any]:
     """File absolute paths that would change the build if they appeared into ``out``
     (``{directory: [dir signature, [names]]}``, see :func:`shadow_candidates`). A candidate
     that exists already is not one; if it appeared after ``started_ns`` (while the build ran:
@@ -568,6 +572,7 @@ def library_candidates(deps: Iterable[str], lib_dirs: Iterable[str], lib_names: 
     dirs = [kpath.tidy(d) for d in lib_dirs if os.path.isabs(d)]
     dirs += [kpath.tidy(d) for d in (library_path or "").split(":") if os.path.isabs(d)]
     wanted = {}
+    files: list[str] | None
     for n in names:
         files = [n[1:]] if n.startswith(":") else [f"lib{n}.so", f"lib{n}.a"]
         for f in files:

@@ -15,7 +15,7 @@ Verification (HMAC, checksums) and policy (waiting, taking over) live in :mod:`.
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator
 
 
 class RemoteUnavailable(Exception):
@@ -76,7 +76,7 @@ class RemoteBackend:
         """Remove the blob of ``key``; True if it existed."""
         raise NotImplementedError
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """Server facts for ``stubcache doctor`` (version, memory limit, eviction policy...)."""
         return {}
 

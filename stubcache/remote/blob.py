@@ -79,7 +79,7 @@ def header_length(blob_prefix: bytes) -> int | None:
     mlen, tlen = _HEAD.unpack_from(blob_prefix, len(MAGIC))
     if tlen not in (0, MAC_LEN) or mlen > MAX_MANIFEST:
         return None
-    return len(MAGIC) + _HEAD.size + tlen + mlen
+    return len(MAGIC) + _HEAD.size + tlen + mlen  # type: ignore[no-any-return]  # struct's fields: ints
 
 
 def open_blob(key: str, blob: bytes, secret: bytes | None) -> tuple[bytes, bytes, bool]:

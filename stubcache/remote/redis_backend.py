@@ -18,11 +18,15 @@ import functools
 import socket
 import threading
 import time
-from typing import Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar, cast
 
 from .backend import BlobHead, RemoteBackend, RemoteUnavailable
 from .config import RemoteConfig
 
+if TYPE_CHECKING:
+    from redis.connection import Connection, SSLConnection
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 PREFIX = "stubcache:v1:"
 BLOB = PREFIX + "blob:"
 LEASE = PREFIX + "lease:"
@@ -47,7 +51,7 @@ class _BoundedSocket:
         self._sock = sock
         self._base = sock.gettimeout()
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._sock, name)
 
     def settimeout(self, value: float | None) -> None:
@@ -69,28 +73,28 @@ class _BoundedSocket:
             _call.moved += n
         return n
 
-    def recv(self, *args):
+    def recv(self, *args: Any) -> bytes:
         self._arm()
         data = self._sock.recv(*args)
         self._moved(len(data))
         return data
 
-    def recv_into(self, *args):
+    def recv_into(self, *args: Any) -> int:
         self._arm()
         return self._moved(self._sock.recv_into(*args))
 
-    def sendall(self, data) -> None:
+    def sendall(self, data: bytes | bytearray | memoryview) -> None:
         view = memoryview(data).cast("B")
         while view:
             self._arm()
             view = view[self._moved(self._sock.send(view[:1 << 20])):]
 
 
-def _wrap(fn):
+def _wrap(fn: _F) -> _F:
     """Bound the call as a whole (see the module docstring) and turn every client or socket
     error into :class:`RemoteUnavailable`."""
     @functools.wraps(fn)
-    def call(self, *args, **kwargs):
+    def call(self: RedisBackend, *args: Any, **kwargs: Any) -> Any:
         outer = getattr(_call, "end", None) is not None
         if not outer:
             _call.end, _call.moved = time.monotonic() + self._timeout, 0
@@ -103,20 +107,20 @@ def _wrap(fn):
         finally:
             if not outer:
                 _call.end = None
-    return call
+    return cast(_F, call)
 
 
-def _connection_classes():
+def _connection_classes() -> tuple[type[Connection], type[SSLConnection]]:
     """redis-py's TCP and TLS connections with their sockets bounded per call."""
     from redis.connection import Connection, SSLConnection
 
     class BoundedConnection(Connection):
-        def _connect(self):
-            return _BoundedSocket(super()._connect())
+        def _connect(self) -> Any:
+            return _BoundedSocket(super()._connect())  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
 
     class BoundedSSLConnection(SSLConnection):
-        def _connect(self):
-            return _BoundedSocket(super()._connect())
+        def _connect(self) -> Any:
+            return _BoundedSocket(super()._connect())  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
 
     return BoundedConnection, BoundedSSLConnection
 
@@ -143,7 +147,7 @@ class RedisBackend(RemoteBackend):
     @_wrap
     def get_blob(self, key: str, limit: int) -> bytes | None:
         value = self._redis.getrange(BLOB + key, 0, limit)
-        return value or None
+        return value or None  # type: ignore[return-value]  # bytes: no decode_responses
 
     @_wrap
     def put_blob(self, key: str, value: bytes) -> bool:
@@ -197,7 +201,7 @@ class RedisBackend(RemoteBackend):
         return bool(self._redis.delete(BLOB + key))
 
     @_wrap
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         server = self._redis.info("server")
         memory = self._redis.info("memory")
         return {"server": f"redis {server.get('redis_version', '?')}",

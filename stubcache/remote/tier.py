@@ -37,7 +37,8 @@ def make_backend(config: RemoteConfig) -> RemoteBackend:
     import importlib
 
     module, _, cls = BACKENDS[config.scheme].partition(":")
-    return getattr(importlib.import_module(module), cls)(config)
+    backend: RemoteBackend = getattr(importlib.import_module(module), cls)(config)
+    return backend
 
 
 def canonical_json(obj: Any) -> str:
@@ -148,7 +149,7 @@ class RemoteTier:
 
     # --- fetch -------------------------------------------------------------------------------
 
-    def _fetch(self, key: str, expected: str):
+    def _fetch(self, key: str, expected: str) -> Fetched | object | None:
         """GET and verify one blob: a :class:`Fetched`, ``None`` (absent), ``_REJECTED`` or ``_DOWN``."""
         t0 = time.perf_counter()
         try:
@@ -193,7 +194,7 @@ class RemoteTier:
                 raise BlobError("it was built from headers or linker inputs that differ on this host")
         return manifest, library
 
-    def fetch_or_claim(self, key: str, preimage: dict, name: str, budget: float,
+    def fetch_or_claim(self, key: str, preimage: dict[str, Any], name: str, budget: float,
                        may_build: bool = True) -> "Fetched | Claim | None":
         """After a local miss (under the host lock): the verified blob, or a :class:`Claim` if
         this host should build and upload it, or ``None`` to build locally without uploading.

@@ -54,7 +54,7 @@ def file_mode(shared: bool) -> int:
 
 
 def record(events_dir: str, event: str, key: str = "", seconds: float | None = None, *,
-           file_mode: int, **extra) -> None:
+           file_mode: int, **extra: object) -> None:
     """Append one event (an :class:`Event` name) to this process's file under ``events_dir``.
     ``file_mode`` is the mode of this process's event file if it is created now: pass
     :func:`file_mode` of the root's sharing (no default, so no caller can forget it)."""

@@ -346,7 +346,8 @@ def describe_holder(store: "Store", base: str, fd: int | None = None) -> str:
             f"({printable(lease.get('name'), 64)}{age})")
 
 
-def acquire(store: "Store", base: str, timeout: float, name: str, published=None) -> Lock | None:
+def acquire(store: "Store", base: str, timeout: float, name: str,
+            published: Callable[[], bool] | None = None) -> Lock | None:
     """Acquire the build lock of ``base`` (``locks/<base>.lock``); returns a held :class:`Lock`.
     Invariants 1, 4 and 11 of docs/design.md rest on it.
 

@@ -41,6 +41,23 @@ class Manifest:
         "inputs",
     )
     _OPTIONAL = ("inputs",)
+    # The slots' types as the builder writes them, for type checkers (no values: slots; a test
+    # keeps the names the slots'); loads() checks library, sha256, size, headers and inputs.
+    key: str
+    base_key: str
+    name: str
+    module_name: str
+    library: str
+    sha256: str
+    size: int
+    preimage: dict[str, Any]
+    headers: dict[str, str]
+    build_method: str
+    build_seconds: float
+    build_log: str
+    created: float
+    stubcache_version: str
+    inputs: dict[str, Any] | None
 
     def __init__(self, **fields: Any) -> None:
         missing = [f for f in self.__slots__ if f not in fields and f not in self._OPTIONAL]

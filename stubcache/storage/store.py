@@ -29,18 +29,24 @@ from . import locking
 from ..edge._digest import LARGE, sha256
 from ..edge.fsroot import check_name
 # The layout's name and the last-used rules, shared with the compact hit path, which pins too.
-from ..hit.hitpath import LAST_USED_RESOLUTION, LAYOUT, NEVER_HIT_ATIME_NS
+from ..hit.hitpath import LAST_USED_RESOLUTION as LAST_USED_RESOLUTION
+from ..hit.hitpath import LAYOUT as LAYOUT
+from ..hit.hitpath import NEVER_HIT_ATIME_NS as NEVER_HIT_ATIME_NS
 from ..hit.hitpath import touch as _touch_pin
 from ..hit.hitpath import HitRecord, O_DIR, open_private_dir_at, record_name
 from .manifest import MANIFEST_NAME, Manifest
 from .trust import TrustPolicy
 
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
+if TYPE_CHECKING:
+    from typing import Any
+
 SUBDIRS = ("entries", "variants", "staging", "locks", "leases", "failures", "pins",
            "quarantine", "trash", "events", "state")
 
 
-def file_sha256(fd_or_path) -> str:
+def file_sha256(fd_or_path: int | str) -> str:
     """SHA-256 of a file, given an open fd (read from offset 0) or a path."""
     if isinstance(fd_or_path, int):
         chunk = os.pread(fd_or_path, LARGE, 0)
@@ -492,7 +498,7 @@ class Store:
                 fsroot.rmtree_at(fd, name)  # a directory planted where our file goes
                 locking.write_file(fd, name, data, mode=mode)
 
-    def _read_json(self, area: str, name: str) -> dict | None:
+    def _read_json(self, area: str, name: str) -> dict[str, Any] | None:
         try:
             with self.at(area) as fd:
                 data = json.loads(fsroot.read_at(fd, name, fsroot.SMALL_CAP))
@@ -507,7 +513,7 @@ class Store:
         except OSError:
             pass  # best-effort cleanup: a broken layout must not turn into an engine's error
 
-    def read_lease(self, base: str) -> dict | None:
+    def read_lease(self, base: str) -> dict[str, Any] | None:
         """The lease of a build, or None; values are as written by whoever wrote the file (a
         group member may have): check types and ranges before use."""
         return self._read_json("leases", f"{base}.json")
@@ -525,7 +531,7 @@ class Store:
         except OSError:
             pass  # waiters then time out or build themselves: the BuildError still reaches this caller
 
-    def read_failure(self, base: str) -> dict | None:
+    def read_failure(self, base: str) -> dict[str, Any] | None:
         return self._read_json("failures", f"{base}.json")
 
     def clear_failure(self, base: str) -> None:
@@ -535,7 +541,7 @@ class Store:
 class _DirCtx:
     __slots__ = ("store", "parts", "create", "fd")
 
-    def __init__(self, store: Store, parts: tuple, create: bool) -> None:
+    def __init__(self, store: Store, parts: tuple[str, ...], create: bool) -> None:
         self.store, self.parts, self.create, self.fd = store, parts, create, -1
 
     def __enter__(self) -> int:

@@ -14,7 +14,11 @@ import stat
 
 from ..edge import settings
 from ..edge.errors import TrustError, UntrustedRootError
-from ..hit.hitpath import CONFIG_NAME  # at the root, beside v1/ (the compact hit path checks it too)
+from ..hit.hitpath import CONFIG_NAME as CONFIG_NAME  # at the root, beside v1/ (the compact hit path checks it too)
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class TrustPolicy:
@@ -22,7 +26,7 @@ class TrustPolicy:
 
     __slots__ = ("uid", "gid", "group", "_members", "extra_uids")
 
-    def __init__(self, gid: int | None = None, group: str | None = None, extra_uids: frozenset = frozenset()) -> None:
+    def __init__(self, gid: int | None = None, group: str | None = None, extra_uids: frozenset[Any] = frozenset()) -> None:
         self.uid = os.geteuid()
         self.gid = gid
         self.group = group
@@ -41,7 +45,7 @@ class TrustPolicy:
 
             members: set[int] = set()
             try:
-                names = set(grp.getgrgid(self.gid).gr_mem)
+                names = set(grp.getgrgid(self.gid).gr_mem)  # type: ignore[arg-type]  # a group's: shared
             except KeyError:
                 names = set()
             for pw in pwd.getpwall():
@@ -92,14 +96,14 @@ def check_dir(path: str, what: str = "cache directory", policy: TrustPolicy | No
     check_stat(os.lstat(path), path, what, policy)
 
 
-def layout_policy(root: str, extra_uids: frozenset = frozenset()) -> TrustPolicy:
+def layout_policy(root: str, extra_uids: frozenset[Any] = frozenset()) -> TrustPolicy:
     """The layout policy of a root: shared if ``<root>/stubcache-root.json`` says so. This says
     who may write there (used by ``verify``, ``doctor``, ``init``); whether *this* user loads
     code from the root is :func:`loader_policy`'s question. See :func:`load_root_config`."""
     return load_root_config(root, extra_uids)[0]
 
 
-def load_root_config(root: str, extra_uids: frozenset = frozenset()) -> tuple[TrustPolicy, dict]:
+def load_root_config(root: str, extra_uids: frozenset[Any] = frozenset()) -> tuple[TrustPolicy, dict[str, Any]]:
     """The layout policy of a root and its whole configuration (``{}`` without a config file),
     read once and checked as :func:`layout_policy` describes (settings such as ``max_size`` live
     in the same file, so they carry the same trust).
@@ -127,7 +131,7 @@ def load_root_config(root: str, extra_uids: frozenset = frozenset()) -> tuple[Tr
     try:
         from ..edge import _json
 
-        cfg = _json.loads(data.decode("utf-8"))
+        cfg: Any = _json.loads(data.decode("utf-8"))
         gid = cfg.get("gid") if cfg.get("mode") == "shared" else None
     except (ValueError, UnicodeDecodeError, AttributeError, RecursionError):  # nested past the parser
         raise TrustError(f"refusing cache config {path}: not valid JSON; recreate it with `stubcache init`") from None
@@ -246,7 +250,7 @@ def loader_policy(root: str) -> TrustPolicy:
     return policy
 
 
-def write_root_config(root: str, cfg: dict) -> str:
+def write_root_config(root: str, cfg: dict[str, Any]) -> str:
     """Atomically replace ``<root>/stubcache-root.json`` (mode 0644, through the root's descriptor,
     never following a link); returns its path."""
     import json

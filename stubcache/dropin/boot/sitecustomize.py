@@ -7,23 +7,32 @@ this one shadows, if there is one. Child processes inherit both variables, so a 
 tree, ``multiprocessing`` spawns included, is covered.
 """
 
+from __future__ import annotations
+
 import os
 import sys
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (every process's start-up)
+if TYPE_CHECKING:
+    from importlib.abc import Loader
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+    from typing import Any, Sequence
 
 _TARGET = "torch.utils.cpp_extension"
 
 
 class _PatchingLoader:
-    def __init__(self, inner):
+    def __init__(self, inner: Loader) -> None:
         self._inner = inner
 
-    def __getattr__(self, name):  # get_source, get_code, ...: the real loader's
+    def __getattr__(self, name: str) -> Any:  # get_source, get_code, ...: the real loader's
         return getattr(self._inner, name)
 
-    def create_module(self, spec):
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
         return self._inner.create_module(spec)
 
-    def exec_module(self, module):
+    def exec_module(self, module: ModuleType) -> None:
         self._inner.exec_module(module)
         try:
             from stubcache.dropin.patch import patch_torch
@@ -40,12 +49,13 @@ class _PatchingLoader:
 class _Finder:
     """Finds ``torch.utils.cpp_extension`` through the other finders and wraps its loader."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         import threading
 
         self._busy = threading.local()
 
-    def find_spec(self, name, path=None, target=None):
+    def find_spec(self, name: str, path: Sequence[str] | None = None,
+                  target: ModuleType | None = None) -> ModuleSpec | None:
         # Re-entered through another finder that also asks sys.meta_path (a second copy of this
         # hook, from a nested `stubcache run` of another install): answer nothing the second time.
         if name != _TARGET or getattr(self._busy, "on", False):
@@ -58,14 +68,14 @@ class _Finder:
                 spec = finder.find_spec(name, path, target)
                 if spec is not None:
                     if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                        spec.loader = _PatchingLoader(spec.loader)
+                        spec.loader = _PatchingLoader(spec.loader)  # type: ignore[assignment]  # a loader by duck typing
                     return spec
             return None
         finally:
             self._busy.on = False
 
 
-def _install():
+def _install() -> None:
     if os.environ.get("STUBCACHE_PATCH_TORCH", "") not in ("", "0"):
         if _TARGET in sys.modules:
             from stubcache.dropin.patch import patch_torch
@@ -75,7 +85,7 @@ def _install():
             sys.meta_path.insert(0, _Finder())
 
 
-def _chain():
+def _chain() -> None:
     """Import the ``sitecustomize`` this file shadows, as site.py would have."""
     here = os.path.dirname(os.path.abspath(__file__))
     removed = [(i, p) for i, p in enumerate(sys.path) if os.path.abspath(p or os.curdir) == here]
