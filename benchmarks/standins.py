@@ -42,6 +42,7 @@ modules"), like ``compare_fresh_hit.py``.
 from __future__ import annotations
 
 import argparse
+import ast
 import glob
 import json
 import re
@@ -194,8 +195,10 @@ RESULT = {"import": t1 - t0, "total": t2 - t0, "compact": "stubcache.cache.core"
           "lib": str(getattr(r, "_name", r))}
 """
 
+# The result printed by repr, not json: importing json after the hit would add to the process's
+# wall time in A only (B's hit imported it already).
 FRESH = ("import sys, time\nSITE, KIND, SRC, NAME, BD = sys.argv[1:6]\nsys.path.insert(0, SITE)\n" + "{pre}"
-         + TIMED + "import json\nprint(json.dumps(RESULT))\n")
+         + TIMED + "print(repr(RESULT))\n")
 BARE = FRESH.replace("{pre}", "")
 ENGINE_FRESH = FRESH.replace("{pre}", "import torch, torch.utils.cpp_extension\n")
 
@@ -269,7 +272,7 @@ def child(python: str, code: str, args: list[str], env: dict, cwd: str) -> tuple
     wall = time.perf_counter() - t0
     if proc.returncode:
         raise RuntimeError(f"child failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1]), wall
+    return ast.literal_eval(proc.stdout.strip().splitlines()[-1]), wall
 
 
 def wall(python: str, args: list[str], env: dict, cwd: str) -> float:
