@@ -64,7 +64,9 @@ from _wheel import WheelEnv, _run, clean_env, make_wheel_env  # noqa: E402
 
 NAME = "standins_probe"
 SOURCE = 'extern "C" int standins_probe(void) { return 1; }\n'
-GROUPS = ("json", "hashlib", "typing", "threads")
+# The stand-ins, one transformation each; "threads" in the tables is the last three together.
+GROUPS = ("json", "hashlib", "typing", "_thread", "_operator", "_collections_abc")
+THREADS = {"_thread", "_operator", "_collections_abc"}
 
 # --- the transformation (of a copy of the tree) ---------------------------------------------------
 
@@ -121,20 +123,29 @@ def transform(pkg: Path, groups: set[str]) -> dict[str, int]:
         if "typing" in groups:
             new, n = TYPING_RE.subn("from typing import TYPE_CHECKING", new)
             changed["typing"] += n
-        if "threads" in groups:
-            new, n1 = THREAD_RE.subn(_thread_line, new)
-            new, n2 = OPERATOR_RE.subn("from operator import attrgetter", new)
-            new, n3 = ABC_RE.subn("from collections.abc import Mapping", new)
-            changed["threads"] += n1 + n2 + n3
+        if "_thread" in groups:
+            new, n = THREAD_RE.subn(_thread_line, new)
+            changed["_thread"] += n
+        if "_operator" in groups:
+            new, n = OPERATOR_RE.subn("from operator import attrgetter", new)
+            changed["_operator"] += n
+        if "_collections_abc" in groups:
+            new, n = ABC_RE.subn("from collections.abc import Mapping", new)
+            changed["_collections_abc"] += n
         if new != text:
             path.write_text(new)
     left = {g: [str(p.relative_to(pkg)) for p in pkg.rglob("*.py") if pat.search(p.read_text())]
-            for g, pat in (("typing", TYPING_RE), ("threads", re.compile(r"^from _(thread import (?!LockType)|operator|"
-                                                                         r"collections_abc)", re.M)))
+            for g, pat in (("typing", TYPING_RE), ("_thread", re.compile(r"^from _thread import (?!LockType)", re.M)),
+                           ("_operator", re.compile(r"^from _operator ", re.M)),
+                           ("_collections_abc", re.compile(r"^from _collections_abc ", re.M)))
             if g in groups}
     if any(left.values()) or not all(changed.values()):
         raise SystemExit(f"standins: transformation incomplete: changed {changed}, left {left}")
     return changed
+
+
+def slug(tag: str) -> str:
+    return re.sub(r"\W+", "-", tag).strip("-")
 
 
 def torch_venv(work: Path) -> WheelEnv:
@@ -305,7 +316,10 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     variants = {"A": set(), "B": set(GROUPS)}
     if not (args.quick or args.no_groups):
-        variants.update({f"{g} only": {g} for g in GROUPS})
+        variants.update({f"{g} only": {g} for g in GROUPS[:3]})
+        variants["threads only"] = set(THREADS)
+        variants.update({f"{g} only": {g} for g in GROUPS[3:]})
+        variants["B but typing's kept"] = set(GROUPS) - {"typing"}
 
     def log(msg: str) -> None:
         print(f"[standins {time.strftime('%H:%M:%S')}] {msg}", flush=True)
@@ -317,14 +331,15 @@ def main() -> int:
     src_file.write_text(SOURCE)
     sites, changes = {}, {}
     for tag, groups in variants.items():
-        sites[tag], changes[tag] = build_variant(work, tag.replace(" ", "-"), groups)
+        sites[tag], changes[tag] = build_variant(work, slug(tag), groups)
         log(f"variant {tag}: replaced {changes[tag] or 'nothing'}")
 
     # Per variant: its own roots (and XDG/HOME dirs, as tests/conftest.py isolates them), built
     # and hit once by that variant, so the timed first hit is that variant's compact hit.
     envs, libs, bds = {}, {}, {}
+    server = Server(eng_py.python, eng_py.cwd, [str(s) for s in sites.values()])
     for tag, site in sites.items():
-        d = work / tag.replace(" ", "-")
+        d = work / slug(tag)
         for kind in ("bare", "engine"):
             (d / f"root-{kind}").mkdir(mode=0o700)
             (d / f"home-{kind}").mkdir(mode=0o700)
@@ -337,24 +352,20 @@ def main() -> int:
         a = lambda kind, k: [str(site), k, str(src_file), NAME, bds[tag, kind]]  # noqa: E731
         for _ in range(2):  # build (full path, leaves the hit record), then the compact hit
             r1, _w = child(bare_py.python, BARE, a("bare", "load"), clean_env(envs[tag, "bare"]), bare_py.cwd)
-            r2, _w = child(eng_py.python, ENGINE_FRESH, a("engine", "dropin"), clean_env(envs[tag, "engine"]),
-                           eng_py.cwd)
-            r3, _w = child(eng_py.python, ENGINE_FRESH, a("engine", "load"), clean_env(envs[tag, "engine"]),
-                           eng_py.cwd)
+            r2 = server.ask(a("engine", "dropin"), envs[tag, "engine"])
+            r3 = server.ask(a("engine", "load"), envs[tag, "engine"])
             # A drop-in call's record names the process's sys.path too: this one leaves its own.
             r4, _w = child(eng_py.python, BARE, a("engine", "dropin"), clean_env(envs[tag, "engine"]), eng_py.cwd)
         for r, where in ((r1, "bare load"), (r2, "engine drop-in"), (r3, "engine load"), (r4, "bare drop-in")):
             check(r, f"{tag} warm-up, {where}")
-        libs[tag, "bare"] = glob.glob(str(work / tag.replace(" ", "-") / "root-bare" / "**" / f"{NAME}.so"),
+        libs[tag, "bare"] = glob.glob(str(work / slug(tag) / "root-bare" / "**" / f"{NAME}.so"),
                                       recursive=True)[0]
-        libs[tag, "engine"] = glob.glob(str(work / tag.replace(" ", "-") / "root-engine" / "**" / f"{NAME}.so"),
+        libs[tag, "engine"] = glob.glob(str(work / slug(tag) / "root-engine" / "**" / f"{NAME}.so"),
                                         recursive=True)[0]
         for kind in ("bare", "engine"):
             envs[tag, kind]["STUBCACHE_REQUIRE_HIT"] = "1"
     keys = {k: Path(v).parent.name for k, v in libs.items()}
     log("entries: " + ", ".join(f"{t}/{k} {key[:12]}" for (t, k), key in keys.items()))
-
-    server = Server(eng_py.python, eng_py.cwd, [str(s) for s in sites.values()])
     cases = ("bare load: in-process", "bare load: import stubcache", "bare load: process wall", "bare floor (torch-free venv)",
              "bare drop-in: in-process", "bare drop-in: process wall", "floor (torch venv)",
              "engine drop-in", "engine load", "engine drop-in (fresh process)", "engine load (fresh process)",
