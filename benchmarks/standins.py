@@ -305,6 +305,7 @@ def main() -> int:
     ap.add_argument("--no-groups", action="store_true", help="A and B only")
     ap.add_argument("--fresh-engine", type=int, default=None,
                     help="fully fresh engine processes per kind for A and B (default 5; quick 0)")
+    ap.add_argument("--only", default=None, help="comma-separated variants to run (A among them), e.g. 'A,B'")
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--json", type=Path, default=None, help="also write every sample here")
     args = ap.parse_args()
@@ -320,6 +321,12 @@ def main() -> int:
         variants["threads only"] = set(THREADS)
         variants.update({f"{g} only": {g} for g in GROUPS[3:]})
         variants["B but typing's kept"] = set(GROUPS) - {"typing"}
+        variants["B but typing's and _thread's kept"] = set(GROUPS) - {"typing", "_thread"}
+    if args.only:
+        want = [v.strip() for v in args.only.split(",")]
+        if not set(want) <= set(variants) or "A" not in want:
+            raise SystemExit(f"--only: A and some of {list(variants)}")
+        variants = {t: variants[t] for t in want}
 
     def log(msg: str) -> None:
         print(f"[standins {time.strftime('%H:%M:%S')}] {msg}", flush=True)
@@ -424,10 +431,11 @@ def main() -> int:
         print(f"| {c} | " + " | ".join("-" if v is None else f"{v * 1e3:.2f} ms" for v in vals) + " | "
               + " | ".join("-" if v is None else f"{(v - a) * 1e3:+.2f} ms" for v in vals[1:]) + " | "
               + " | ".join("-" if v is None else f"{v / a:.3f}" for v in vals[1:]) + " |")
-    print()
+    # Every variant's floor runs the same command: their pooled median is the floor of the ratios.
+    fl = statistics.median([x for t in tags for x in samples[t, "bare floor (torch-free venv)"]])
+    fl2 = statistics.median([x for t in tags for x in samples[t, "floor (torch venv)"]])
+    print(f"\nfloors, pooled over the variants: torch-free venv {fl * 1e3:.2f} ms, torch venv {fl2 * 1e3:.2f} ms")
     for t in tags:
-        fl = med[t, "bare floor (torch-free venv)"]
-        fl2 = med[t, "floor (torch venv)"]
         print(f"{t}: bare load hit / floor (process wall, torch-free venv): "
               f"{med[t, 'bare load: process wall'] / fl:.2f}× ({med[t, 'bare load: process wall'] * 1e3:.1f} vs "
               f"{fl * 1e3:.1f} ms); bare drop-in / floor (torch venv): "
