@@ -1,6 +1,7 @@
 """What the hit path's stand-ins for standard modules save, in an engine process and in a bare one.
 
-    python benchmarks/standins.py [--quick] [--reps N] [--no-groups] [--fresh-engine N] [--work DIR]
+    python benchmarks/standins.py [--quick] [--reps N] [--no-groups] [--only A,B,...] [--fresh-engine N]
+                                  [--work DIR] [--json FILE]
 
 The hit path avoids importing some standard modules by using stand-ins: ``stubcache/edge/_json.py``
 (``_json``'s C functions instead of ``import json``), ``stubcache/edge/_digest.py`` (the built-in
@@ -8,7 +9,8 @@ The hit path avoids importing some standard modules by using stand-ins: ``stubca
 import TYPE_CHECKING``, and ``_thread``/``_operator``/``_collections_abc`` instead of
 ``threading``/``operator``/``collections.abc``. This benchmark builds variants of the package in a
 scratch directory — A, the tree as is; B, every stand-in replaced by the public module; and, unless
-``--no-groups``, one variant per group with only that group replaced — by a small text
+``--no-groups``, one variant per stand-in with only it replaced (and the three of the threads group
+together) and B with some kept ("B but json and typing kept") — by a small text
 transformation of a *copy* of the tree (:func:`transform`; the checkout is never written), builds
 each variant's wheel and installs it (``pip install --target``) into a directory of its own.
 
