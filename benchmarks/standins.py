@@ -3,11 +3,11 @@
     python benchmarks/standins.py [--quick] [--reps N] [--no-groups] [--only A,B,...] [--fresh-engine N]
                                   [--work DIR] [--json FILE]
 
-The hit path avoids importing some standard modules by using stand-ins: ``stubcache/edge/_json.py``
-(``_json``'s C functions instead of ``import json``), ``stubcache/edge/_digest.py`` (the built-in
-``_sha256``/``_sha2`` instead of ``hashlib``), ``TYPE_CHECKING = False`` instead of ``from typing
-import TYPE_CHECKING``, and ``_thread``/``_operator``/``_collections_abc`` instead of
-``threading``/``operator``/``collections.abc``. This benchmark builds variants of the package in a
+The hit path avoids importing two standard modules by using stand-ins: ``stubcache/edge/cjson.py``
+(``_json``'s C functions instead of ``import json``) and ``TYPE_CHECKING = False`` instead of
+``from typing import TYPE_CHECKING``. (It measured four more — ``_digest``, ``_thread``,
+``_operator``, ``_collections_abc`` — which were then replaced by ``hashlib``, ``threading``,
+``operator`` and ``collections.abc``: docs/design.md has those numbers.) This benchmark builds variants of the package in a
 scratch directory — A, the tree as is; B, every stand-in replaced by the public module; and, unless
 ``--no-groups``, one variant per stand-in with only it replaced (and the three of the threads group
 together) and B with some kept ("B but json and typing kept") — by a small text
@@ -66,9 +66,8 @@ from _wheel import WheelEnv, _run, clean_env, make_wheel_env  # noqa: E402
 
 NAME = "standins_probe"
 SOURCE = 'extern "C" int standins_probe(void) { return 1; }\n'
-# The stand-ins, one transformation each; "threads" in the tables is the last three together.
-GROUPS = ("json", "hashlib", "typing", "_thread", "_operator", "_collections_abc")
-THREADS = {"_thread", "_operator", "_collections_abc"}
+# The stand-ins, one transformation each.
+GROUPS = ("json", "typing")
 
 # --- the transformation (of a copy of the tree) ---------------------------------------------------
 
@@ -77,36 +76,7 @@ JSON_PUBLIC = '''"""json's dumps and loads (benchmarks/standins.py: the stand-in
 from json import dumps, loads  # noqa: F401
 '''
 
-DIGEST_PUBLIC = '''"""hashlib's SHA-256 (benchmarks/standins.py: the stand-in replaced by the public module)."""
-
-from hashlib import sha256 as _sha256
-
-LARGE = 1 << 20  # the names callers import stay: store.py reads in chunks of LARGE
-
-
-def sha256(data: bytes = b"", *, large: bool = False):
-    return _sha256(data)
-'''
-
-# from _thread import X: its public spelling in threading. LockType has no public name
-# (threading.Lock is a function in 3.11), so it stays _thread's: threading imports _thread anyway.
-THREAD_NAMES = {"allocate_lock": "Lock as allocate_lock", "RLock": "RLock", "_local": "local as _local"}
-THREAD_RE = re.compile(r"^from _thread import ([\w, ]+?)(\s*#.*)?$", re.M)
 TYPING_RE = re.compile(r"^TYPE_CHECKING = False\b.*$", re.M)
-OPERATOR_RE = re.compile(r"^from _operator import attrgetter\b.*$", re.M)
-ABC_RE = re.compile(r"^from _collections_abc import Mapping\b.*$", re.M)
-
-
-def _thread_line(m: re.Match) -> str:
-    names = [n.strip() for n in m.group(1).split(",")]
-    public = [THREAD_NAMES[n] for n in names if n in THREAD_NAMES]
-    rest = [n for n in names if n not in THREAD_NAMES]
-    unknown = [n for n in rest if n != "LockType"]
-    if unknown:
-        raise SystemExit(f"standins: no public spelling for _thread.{unknown} (update THREAD_NAMES)")
-    lines = [f"from threading import {', '.join(public)}"] if public else []
-    lines += [f"from _thread import {', '.join(rest)}  # no public name"] if rest else []
-    return "\n".join(lines)
 
 
 def transform(pkg: Path, groups: set[str]) -> dict[str, int]:
@@ -115,32 +85,17 @@ def transform(pkg: Path, groups: set[str]) -> dict[str, int]:
     assert REPO not in pkg.resolve().parents, pkg
     changed = dict.fromkeys(groups, 0)
     if "json" in groups:
-        (pkg / "edge" / "_json.py").write_text(JSON_PUBLIC)
+        (pkg / "edge" / "cjson.py").write_text(JSON_PUBLIC)
         changed["json"] += 1
-    if "hashlib" in groups:
-        (pkg / "edge" / "_digest.py").write_text(DIGEST_PUBLIC)
-        changed["hashlib"] += 1
     for path in sorted(pkg.rglob("*.py")):
         text = new = path.read_text()
         if "typing" in groups:
             new, n = TYPING_RE.subn("from typing import TYPE_CHECKING", new)
             changed["typing"] += n
-        if "_thread" in groups:
-            new, n = THREAD_RE.subn(_thread_line, new)
-            changed["_thread"] += n
-        if "_operator" in groups:
-            new, n = OPERATOR_RE.subn("from operator import attrgetter", new)
-            changed["_operator"] += n
-        if "_collections_abc" in groups:
-            new, n = ABC_RE.subn("from collections.abc import Mapping", new)
-            changed["_collections_abc"] += n
         if new != text:
             path.write_text(new)
     left = {g: [str(p.relative_to(pkg)) for p in pkg.rglob("*.py") if pat.search(p.read_text())]
-            for g, pat in (("typing", TYPING_RE), ("_thread", re.compile(r"^from _thread import (?!LockType)", re.M)),
-                           ("_operator", re.compile(r"^from _operator ", re.M)),
-                           ("_collections_abc", re.compile(r"^from _collections_abc ", re.M)))
-            if g in groups}
+            for g, pat in (("typing", TYPING_RE),) if g in groups}
     if any(left.values()) or not all(changed.values()):
         raise SystemExit(f"standins: transformation incomplete: changed {changed}, left {left}")
     return changed
@@ -319,13 +274,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     variants = {"A": set(), "B": set(GROUPS)}
     if not (args.quick or args.no_groups):
-        variants.update({f"{g} only": {g} for g in GROUPS[:3]})
-        variants["threads only"] = set(THREADS)
-        variants.update({f"{g} only": {g} for g in GROUPS[3:]})
-        # Combinations: json and typing share most of what they import (re, enum, functools,
-        # collections), so the groups' costs do not add up.
-        for kept in (("typing",), ("typing", "_thread"), ("json",), ("json", "typing")):
-            variants[f"B but {' and '.join(kept)} kept"] = set(GROUPS) - set(kept)
+        variants.update({f"{g} only": {g} for g in GROUPS})
     if args.only:
         want = [v.strip() for v in args.only.split(",")]
         if not set(want) <= set(variants) or "A" not in want:

@@ -1,9 +1,8 @@
-"""The hit path's stand-ins for json and hashlib give exactly json's and hashlib's answers, and a
-hit imports only what it needs (no json, hashlib, threading, typing, re, torch, ...)."""
+"""The hit path's stand-in for json gives exactly json's answers, and a hit imports only what it
+needs (no json, typing, re, torch, ...; docs/design.md "Stand-ins for standard modules")."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -14,7 +13,7 @@ import textwrap
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stubcache.edge import _digest, _json
+from stubcache.edge import cjson
 from tests.conftest import REPO
 
 SCALARS = st.none() | st.booleans() | st.integers() | st.floats() | st.text()
@@ -29,15 +28,15 @@ def _same(a, b) -> bool:  # NaN != NaN: compare through json's own canonical tex
 @given(VALUES, st.booleans(), st.sampled_from([None, (",", ":"), (", ", ": ")]), st.booleans())
 def test_dumps_is_jsons(value, sort_keys, separators, ensure_ascii):
     kw = dict(sort_keys=sort_keys, separators=separators, ensure_ascii=ensure_ascii)
-    assert _json.dumps(value, **kw) == json.dumps(value, **kw)
+    assert cjson.dumps(value, **kw) == json.dumps(value, **kw)
 
 
 @settings(max_examples=300, deadline=None)
 @given(VALUES, st.sampled_from(["", " ", "\n\t "]))
 def test_loads_is_jsons(value, pad):
     text = pad + json.dumps(value) + pad
-    assert _same(_json.loads(text), json.loads(text))
-    assert _same(_json.loads(text.encode()), json.loads(text.encode()))
+    assert _same(cjson.loads(text), json.loads(text))
+    assert _same(cjson.loads(text.encode()), json.loads(text.encode()))
 
 
 @given(st.text(max_size=12) | st.binary(max_size=12))
@@ -48,7 +47,7 @@ def test_loads_fails_and_succeeds_like_json(data):
         except Exception as exc:  # noqa: BLE001 - the very exception type and message are compared
             return (type(exc).__name__, str(exc))
 
-    assert outcome(_json.loads) == outcome(json.loads)
+    assert outcome(cjson.loads) == outcome(json.loads)
 
 
 def test_malformed_json_raises_jsons_error_in_a_process_without_json():
@@ -57,11 +56,11 @@ def test_malformed_json_raises_jsons_error_in_a_process_without_json():
     code = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(REPO)!r})
-        from stubcache.edge import _json
+        from stubcache.edge import cjson
         assert "json.decoder" not in sys.modules
         for bad in ('{{"a": 1', '[1,]', 'nul', '{{"a" 1}}', b'{{"a":', '[1 2]'):
             try:
-                _json.loads(bad)
+                cjson.loads(bad)
             except ValueError as exc:
                 print(type(exc).__module__, type(exc).__name__)
             else:
@@ -75,18 +74,13 @@ def test_malformed_json_raises_jsons_error_in_a_process_without_json():
 def test_dumps_errors_are_jsons():
     for bad in ({(1, 2): 1}, {"x": object()}, [math.inf, {1j: 0}]):
         errors = []
-        for fn in (json.dumps, _json.dumps):
+        for fn in (json.dumps, cjson.dumps):
             try:
                 fn(bad)
                 errors.append(None)
             except (TypeError, ValueError) as exc:
                 errors.append((type(exc), str(exc)))
         assert errors[0] == errors[1]
-
-
-@given(st.binary(max_size=3000), st.booleans())
-def test_digest_is_sha256(data, large):
-    assert _digest.sha256(data, large=large).hexdigest() == hashlib.sha256(data).hexdigest()
 
 
 def _filelock_only(tmp_path) -> str:
@@ -123,20 +117,19 @@ def test_a_hit_imports_only_what_it_needs(cache_root, tmp_path):
         assert proc.returncode == 0, proc.stderr
     loaded = set(proc.stdout.split())
     # The compact hit path (stubcache.hit.front, stubcache.hit.hitpath; docs/performance.md): the spec the
-    # caller made, SHA-256 and JSON without hashlib and json (this process has neither), nothing else.
+    # caller made, JSON without json (this process has none), nothing else.
     expected = HIT_MODULES | {"stubcache.hit.front", "stubcache.key", "stubcache.key.spec"}
     assert {m for m in loaded if m.startswith("stubcache")} == expected, loaded
-    heavy = {"json", "hashlib", "threading", "typing", "re", "enum", "logging", "subprocess", "shutil",
-             "tempfile", "pathlib", "dataclasses", "signal", "importlib.util", "torch", "filelock",
-             "operator", "stubcache.dropin.compat", "stubcache.dropin.patch", "stubcache.key.toolchain",
-             "stubcache.build.builder", "stubcache.edge.progress", "stubcache.edge.faults", "stubcache.key.tracking", "stubcache.edge.log"}
+    heavy = {"json", "typing", "re", "enum", "logging", "subprocess", "shutil",
+             "tempfile", "pathlib", "dataclasses", "signal", "importlib.util", "torch", "filelock", "stubcache.dropin.compat", "stubcache.dropin.patch", "stubcache.key.toolchain",
+             "stubcache.build.builder", "stubcache.edge.progress", "stubcache.edge.faults", "stubcache.key.tracking",
+             "stubcache.edge.log"}
     assert not loaded & heavy, loaded & heavy
 
 
-# What a warm hit imports of stubcache: the compact hit path, and the stand-ins for hashlib and
-# json in a process that has neither (an engine process has both: then only the first three).
-HIT_MODULES = {"stubcache", "stubcache.hit", "stubcache.hit.hitpath", "stubcache.edge", "stubcache.edge._digest",
-               "stubcache.edge._json"}
+# What a warm hit imports of stubcache: the compact hit path, and the stand-in for json in a
+# process that has none (an engine process has it: then only the first three).
+HIT_MODULES = {"stubcache", "stubcache.hit", "stubcache.hit.hitpath", "stubcache.edge", "stubcache.edge.cjson"}
 
 
 def test_a_quiet_dropin_hit_imports_no_status_line_nor_logger(cache_root, tmp_path):
@@ -162,7 +155,7 @@ def test_a_quiet_dropin_hit_imports_no_status_line_nor_logger(cache_root, tmp_pa
         assert proc.returncode == 0, proc.stderr
     loaded = set(proc.stdout.split())
     assert {m for m in loaded if m.startswith("stubcache")} == HIT_MODULES | {"stubcache.hit.dropinfront"}, loaded
-    heavy = {"json", "hashlib", "threading", "typing", "re", "logging", "subprocess", "torch", "filelock",
+    heavy = {"json", "typing", "re", "logging", "subprocess", "torch", "filelock",
              "stubcache.edge.progress", "stubcache.edge.log", "stubcache.key.toolchain", "stubcache.build.builder",
              "stubcache.key.tracking", "stubcache.edge.faults"}
     assert not loaded & heavy, loaded & heavy

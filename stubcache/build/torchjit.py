@@ -8,7 +8,7 @@ own function; :func:`mark` and :func:`is_dropin` tell stubcache's functions from
 
 from __future__ import annotations
 
-from _thread import RLock  # threading.RLock without importing threading (hit path)
+import threading
 
 from ..hit.hitpath import DROPIN_MARK
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from typing import Any, Callable
 
 _originals: dict[str, Callable[..., Any]] = {}
-_lock = RLock()
+_lock = threading.RLock()
 
 
 def is_dropin(fn: Any) -> bool:

@@ -8,7 +8,7 @@ import ctypes  # every user loads a library; importing it here keeps ~1 ms off t
 import errno
 import os
 import time
-from _thread import LockType, allocate_lock  # threading's locks without importing threading (hit path)
+import threading
 
 from ..storage import events
 from ..edge import faults, fsroot, log, settings
@@ -207,7 +207,7 @@ class CacheCore:
         self._lib_fds = _LIB_FDS
         self._cap_pending = False  # this instance published: check the size cap after the locks
         self._mutex = _PROCESS_LOCK
-        self._key_locks: dict[str, LockType] = {}
+        self._key_locks: dict[str, threading.Lock] = {}
         # The fleet tier (docs/remote.md): settings checked now, client made on the first miss.
         self._remote_config = _remote_config()
         self._remote: RemoteTier | None = None
@@ -364,11 +364,11 @@ class CacheCore:
         self._last_key = known
         return known[2]
 
-    def _key_lock(self, base: str) -> LockType:
+    def _key_lock(self, base: str) -> threading.Lock:
         lock = self._key_locks.get(base)
         if lock is None:
             with self._mutex:
-                lock = self._key_locks.setdefault(base, allocate_lock())
+                lock = self._key_locks.setdefault(base, threading.Lock())
         return lock
 
     def _fingerprint(self, spec: StubSpec) -> dict[str, Any]:

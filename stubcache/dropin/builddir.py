@@ -26,7 +26,7 @@ import os
 
 from ..edge import fsroot
 from ..storage import locking
-from ..edge._digest import sha256
+from hashlib import sha256
 from ..hit.hitpath import build_directory_problem, placed_copy
 from ..storage.locking import temp_name
 
@@ -85,7 +85,7 @@ def _same_library(dfd: int, name: str, manifest: Manifest) -> tuple[int, os.stat
 
 def _copy_verified(src_fd: int, dst_fd: int, manifest: Manifest, source: str) -> None:
     """Copy the library, hashing what was read: the copy is the manifest's bytes or an error."""
-    h = sha256(large=manifest.size > _COPY_CHUNK)
+    h = sha256()
     size = 0
     while True:
         chunk = os.read(src_fd, _COPY_CHUNK)

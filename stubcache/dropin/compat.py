@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from _thread import allocate_lock  # threading.Lock without importing threading (hit path)
+import threading
 
 from ..edge import kpath
 from ..cache.core import Entry
@@ -31,7 +31,7 @@ _FORWARDED = tuple(f.name for f in FIELDS if f.torch and f.name != "name")
 
 _frozen = frozen
 _versioned = versioned
-_lock = allocate_lock()
+_lock = threading.Lock()
 
 
 def _functions_like_torch(functions: Any) -> Any:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import sys
-from _thread import RLock  # threading.RLock without importing threading (hit path)
+import threading
 
 from ..build.torchjit import is_dropin, mark, remembered_original, torch_original
 
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 NAMES = ("load_inline", "load")
 _MODULE = "torch.utils.cpp_extension"
-_lock = RLock()
+_lock = threading.RLock()
 
 
 def _wrapper(name: str) -> Callable[..., Any]:

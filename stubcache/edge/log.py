@@ -3,15 +3,15 @@ path logs nothing, so it is imported only when something is logged."""
 
 from __future__ import annotations
 
-import _thread
 import sys
+import threading
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
 if TYPE_CHECKING:
     import logging
 
 _stderr_level: str | None = None  # set by the command line; applied by the next logger()
-_stderr_lock = _thread.allocate_lock()
+_stderr_lock = threading.Lock()
 
 
 def logger() -> logging.Logger:

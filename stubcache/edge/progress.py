@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from _thread import _local  # threading.local without importing threading (hit path)
+import threading
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
 if TYPE_CHECKING:
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from typing import Callable
 
 STATUS_AFTER = 2.0
-_state = _local()
+_state = threading.local()
 
 
 def verbose() -> bool:

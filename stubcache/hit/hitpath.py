@@ -45,14 +45,13 @@ import os
 import stat
 import sys
 import time
-from _thread import RLock, allocate_lock  # threading's locks without importing threading
+import hashlib
+import threading
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
 if TYPE_CHECKING:
     from ctypes import CDLL
     from typing import Any
-
-    from ..edge._digest import Hash
 
 LAYOUT = "v1"  # the layout directory under a root (stubcache.storage.store imports it from here)
 RECORD_FORMAT = 1
@@ -83,12 +82,12 @@ FULL_PATH_SETTINGS = (b"STUBCACHE_LOCK_TIMEOUT", b"STUBCACHE_MAX_SIZE", b"STUBCA
 FULL_PATH_PREFIX = b"STUBCACHE_REMOTE"  # the fleet tier's settings
 
 # --- per-process tables, shared with stubcache.cache.core -------------------------------------------
-PROCESS_LOCK = RLock()
+PROCESS_LOCK = threading.RLock()
 PINS: dict[tuple[str, str], int] = {}  # (root, key) -> the pin's fd, held for the process's life
 LIB_FDS: dict[str, int] = {}  # library path -> the fd it was checksummed through
 REAL_PATHS: dict[str, str] = {}  # library path -> the real path it was first loaded by
 VERIFIED: dict[str, tuple[int, int, int, int]] = {}  # library path -> (dev, ino, size, mtime_ns) when checksummed
-_event_lock = allocate_lock()
+_event_lock = threading.Lock()
 # (root, key) of hits counted here whose entry the full path has not looked up since in this
 # process: its first lookup then counts no second hit (see counted_here).
 COUNTED: set[tuple[str, str]] = set()
@@ -116,27 +115,18 @@ def private_ok(st: os.stat_result) -> bool:
             and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
 
 
-def _sha256(data: bytes = b"") -> Hash:
-    hashlib = sys.modules.get("hashlib")
-    if hashlib is not None:  # an engine process has it already: OpenSSL, nothing to import
-        return hashlib.sha256(data)  # type: ignore[no-any-return]  # a module from sys.modules
-    from ..edge._digest import sha256
-
-    return sha256(data)
-
-
 def _loads(data: bytes) -> object:
     json = sys.modules.get("json")
     if json is not None:
         return json.loads(data)
-    from ..edge import _json
+    from ..edge import cjson
 
-    return _json.loads(data)
+    return cjson.loads(data)
 
 
 def sha256_fd(fd: int, size: int) -> str:
     # SHA-256 of an open file's content, read from offset 0 (``size``: its expected size).
-    h = _sha256()
+    h = hashlib.sha256()
     offset = 0
     chunk_size = min(max(size, 1 << 16), 1 << 20)
     while True:
@@ -150,7 +140,7 @@ def sha256_fd(fd: int, size: int) -> str:
 # --- the drop-in's module names (stubcache.hit.dropinfront and stubcache.dropin.compat share them) ---------------
 
 versions: dict[str, tuple[int, Any]] = {}  # name -> (version, the call it was last loaded with)
-versions_lock = allocate_lock()
+versions_lock = threading.Lock()
 
 
 def frozen(value: Any) -> Any:
@@ -237,7 +227,7 @@ def request_digest(kind: str, request: tuple[Any, ...]) -> str | None:
     path = [p if type(p) is str else repr(p) for p in sys.path]
     blob = marshal.dumps((RECORD_FORMAT, kind, request, os.geteuid(), sys.executable, path, data.get(b"PATH", b""),
                           wrappers, data.get(b"HOME"), data.get(b"XDG_CONFIG_HOME")), 0)
-    return _sha256(blob).hexdigest()[:32]
+    return hashlib.sha256(blob).hexdigest()[:32]
 
 
 def _plain(value: object, depth: int = 0) -> bool:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..edge import _json
-from ..edge._digest import sha256
+from ..edge import cjson
+from hashlib import sha256
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
 if TYPE_CHECKING:
@@ -18,7 +18,7 @@ def preimage(spec_canonical: Mapping[str, Any], fingerprint: Mapping[str, Any]) 
 
 
 def _digest(data: Any) -> str:
-    blob = _json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    blob = cjson.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()[:KEY_LEN]
 
 

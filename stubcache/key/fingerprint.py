@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import os
 import sys
-from _thread import allocate_lock  # threading.Lock without importing threading (hit path)
+import threading
 
-from ..edge import _json
-from ..edge._digest import sha256
+from ..edge import cjson
+from hashlib import sha256
 from ..hit.hitpath import path_sig
 from .memofile import load_json, write_json
 
@@ -107,7 +107,7 @@ def fast_memo_path(state_dir: str, env: dict[str, Any]) -> str:
     # ...; toolchain.wrapper_config_files): its `compiler =` holds only for them.
     homes = [os.environ.get("HOME"), os.environ.get("XDG_CONFIG_HOME")]
     path = [p if type(p) is str else repr(p) for p in sys.path]  # a program may append a pathlib.Path
-    ident = _json.dumps([FORMAT_VERSION, sys.executable, path, os.environ.get("PATH", ""), env, homes]
+    ident = cjson.dumps([FORMAT_VERSION, sys.executable, path, os.environ.get("PATH", ""), env, homes]
                         + ([wrapper_env] if wrapper_env else []), separators=(",", ":"))
     return os.path.join(state_dir, "fp-" + sha256(ident.encode("utf-8", "surrogatepass")).hexdigest()[:32]
                         + ".json")
@@ -142,7 +142,7 @@ class Fingerprint:
     def __init__(self, state_dir: str | None, *, read_only: bool = False) -> None:
         self.state_dir = state_dir
         self.read_only = read_only
-        self._lock = allocate_lock()
+        self._lock = threading.Lock()
         # (environment snapshot, fingerprint computed from exactly that snapshot), replaced as
         # one object so a thread can never pair a new environment with an old fingerprint.
         self._current: tuple[Any, dict[str, Any]] | None = None

@@ -112,7 +112,7 @@ def still_valid(files: dict[str, Any], inputs: dict[str, Any] | None, memo_path:
 def read_sig_memo(path: str | None) -> dict[str, Any]:
     if not path:
         return {}
-    from ..edge import _json as json
+    from ..edge import cjson as json
     from ..edge import fsroot
 
     try:  # in the root's state/: a regular file only, size-capped (a planted FIFO must not hang)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from ..edge import _json
+from ..edge import cjson
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
@@ -21,7 +21,7 @@ def write_json(path: str, data: dict[str, Any]) -> None:
     try:
         parent, name = os.path.split(path)
         with fsroot.Dir(parent) as dfd:  # never through a planted link (O_EXCL temp, dir fd)
-            locking.write_file(dfd, name, _json.dumps(data).encode(), mode=0o644)
+            locking.write_file(dfd, name, cjson.dumps(data).encode(), mode=0o644)
     except (OSError, ValueError):
         pass
 
@@ -31,6 +31,6 @@ def load_json(path: str) -> Any:
     from ..edge import fsroot
 
     try:
-        return _json.loads(fsroot.read_at(None, path, fsroot.SMALL_CAP * 16))
+        return cjson.loads(fsroot.read_at(None, path, fsroot.SMALL_CAP * 16))
     except RecursionError:
         raise ValueError("nests too deeply") from None

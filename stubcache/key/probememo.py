@@ -23,8 +23,8 @@ from __future__ import annotations
 import os
 import stat
 
-from ..edge import _json, fsroot
-from ..edge._digest import sha256
+from ..edge import cjson, fsroot
+from hashlib import sha256
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ def read(memo_key: str) -> dict[str, Any] | None:
         try:
             if not _own(os.fstat(fd)):
                 return None
-            data = _json.loads(fsroot.read_fd(fd, CAP))
+            data = cjson.loads(fsroot.read_fd(fd, CAP))
         finally:
             os.close(fd)
         if isinstance(data, dict) and data.get("memo_key") == memo_key and isinstance(data.get("value"), dict):
@@ -122,7 +122,7 @@ def write(memo_key: str, value: dict[str, Any]) -> None:
     if dfd is None:
         return
     try:
-        locking.write_file(dfd, _name(memo_key), _json.dumps({"memo_key": memo_key, "value": value}).encode(),
+        locking.write_file(dfd, _name(memo_key), cjson.dumps({"memo_key": memo_key, "value": value}).encode(),
                            mode=0o600)
         names = [n for n in fsroot.listdir(dfd) if n.endswith(".json")]
         if len(names) > MAX_FILES:  # the oldest answers go (compilers replaced long ago)

@@ -8,8 +8,8 @@ which the rest (slots, checks, JSON form, key rules, torch mapping) is derived; 
 
 from __future__ import annotations
 
-from _collections_abc import Mapping  # collections.abc without importing collections (hit path)
-from _operator import attrgetter  # operator.attrgetter without importing operator.py (hit path)
+from collections.abc import Mapping
+from operator import attrgetter
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
 if TYPE_CHECKING:

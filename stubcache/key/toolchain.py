@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..edge._digest import sha256
+from hashlib import sha256
 from ..hit.hitpath import path_sig
 from .memofile import load_json, write_json
 
@@ -350,7 +350,7 @@ def _run_all(cmds: list[list[str]], env: dict[str, Any] | None = None) -> list[s
 
 def _file_sha256(path: str) -> str | None:
     try:
-        h = sha256(large=True)  # compiler binaries: megabytes
+        h = sha256()
         with open(path, "rb") as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 h.update(chunk)

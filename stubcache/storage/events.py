@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from ..edge import _json
+from ..edge import cjson
 from ..hit import hitpath
 
 class Event:
@@ -62,5 +62,5 @@ def record(events_dir: str, event: str, key: str = "", seconds: float | None = N
     if seconds is not None:
         rec["s"] = round(seconds, 6)
     rec.update(extra)
-    line = (_json.dumps(rec, separators=(",", ":")) + "\n").encode()
+    line = (cjson.dumps(rec, separators=(",", ":")) + "\n").encode()
     hitpath.record_event(events_dir, line, file_mode)  # one file per process, shared with the hit path

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..edge import _json
+from ..edge import cjson
 from ..hit.hitpath import MANIFEST_NAME as MANIFEST_NAME  # one spelling, shared with the compact hit path
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
@@ -83,7 +83,7 @@ class Manifest:
     @classmethod
     def loads(cls, text: str) -> "Manifest":
         """Parse a manifest; raises ``ValueError`` on anything malformed."""
-        data = _json.loads(text)
+        data = cjson.loads(text)
         if not isinstance(data, dict):
             raise ValueError("manifest is not a JSON object")
         required = set(cls.__slots__) - set(cls._OPTIONAL)

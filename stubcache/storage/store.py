@@ -21,12 +21,12 @@ import errno
 import os
 import stat
 import time
-from _thread import allocate_lock
+import threading
 
-from ..edge import _json as json  # the json functions a hit needs, without importing json
+from ..edge import cjson as json  # the json functions a hit needs, without importing json
 from ..edge import fsroot, log
 from . import locking
-from ..edge._digest import LARGE, sha256
+from hashlib import sha256
 from ..edge.fsroot import check_name
 # The layout's name and the last-used rules, shared with the compact hit path, which pins too.
 from ..hit.hitpath import LAST_USED_RESOLUTION as LAST_USED_RESOLUTION
@@ -42,6 +42,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path
 if TYPE_CHECKING:
     from typing import Any
 
+CHUNK = 1 << 20  # bytes read at a time to hash a file
 SUBDIRS = ("entries", "variants", "staging", "locks", "leases", "failures", "pins",
            "quarantine", "trash", "events", "state")
 
@@ -49,11 +50,11 @@ SUBDIRS = ("entries", "variants", "staging", "locks", "leases", "failures", "pin
 def file_sha256(fd_or_path: int | str) -> str:
     """SHA-256 of a file, given an open fd (read from offset 0) or a path."""
     if isinstance(fd_or_path, int):
-        chunk = os.pread(fd_or_path, LARGE, 0)
-        h = sha256(chunk, large=len(chunk) == LARGE)  # a library of a few KiB: no OpenSSL load
+        chunk = os.pread(fd_or_path, CHUNK, 0)
+        h = sha256(chunk)
         off = len(chunk)
         while chunk:
-            chunk = os.pread(fd_or_path, LARGE, off)
+            chunk = os.pread(fd_or_path, CHUNK, off)
             h.update(chunk)
             off += len(chunk)
     else:
@@ -555,7 +556,7 @@ class _DirCtx:
 
 
 _KEY_CHARS = frozenset("0123456789abcdef")
-_BASE_LOCK = allocate_lock()  # threading.Lock without importing threading
+_BASE_LOCK = threading.Lock()
 
 
 def _touch(fd: int | None, st: os.stat_result | None = None) -> None:

@@ -129,9 +129,9 @@ def load_root_config(root: str, extra_uids: frozenset[Any] = frozenset()) -> tup
     finally:
         os.close(fd)
     try:
-        from ..edge import _json
+        from ..edge import cjson
 
-        cfg: Any = _json.loads(data.decode("utf-8"))
+        cfg: Any = cjson.loads(data.decode("utf-8"))
         gid = cfg.get("gid") if cfg.get("mode") == "shared" else None
     except (ValueError, UnicodeDecodeError, AttributeError, RecursionError):  # nested past the parser
         raise TrustError(f"refusing cache config {path}: not valid JSON; recreate it with `stubcache init`") from None
