@@ -227,6 +227,58 @@ def test_waiters_get_the_build_error_without_recompiling(cache_root, cxx, tmp_pa
     assert published(cache_root) == []
 
 
+def test_load_waiters_get_the_build_error_without_recompiling(cache_root, cxx, tmp_path):
+    # StubCache().load: the waiters first wait for the process serving the same request (its
+    # request lock), then take the full path, which must still raise the failure recorded since
+    # they began waiting rather than compile again.
+    mark = tmp_path / "compiling"
+    code = """
+    import os, sys, stubcache
+    try:
+        stubcache.StubCache().load(stubcache.StubSpec('broken', os.environ['SRC']))
+    except stubcache.BuildError as e:
+        print("BuildError", "error" in e.output)
+        sys.exit(0)
+    sys.exit(1)
+    """
+    first = spawn_py(code, env={"SRC": BROKEN, "STUBCACHE_TEST_CXX_SLEEP": "2", "STUBCACHE_TEST_CXX_MARK": str(mark)})
+    wait_until(mark.exists, "the first process to start compiling", proc=first)
+    waiters = [spawn_py(code, env={"SRC": BROKEN}) for _ in range(3)]
+    for p in [first, *waiters]:
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+        assert out.strip() == "BuildError True"
+    assert cxx.compiles() == 1
+    assert published(cache_root) == []
+
+
+def test_herd_waiters_take_the_builders_record_without_the_cache(cache_root, cxx, tmp_path):
+    # A herd on a cold key: one process serves the request (the whole cache, the build, the hit
+    # record); the others wait for it and take its record through the compact hit path, so they
+    # never import the cache, and every check of a hit still runs (the hit is counted).
+    mark = tmp_path / "compiling"
+    code = """
+    import json, os, sys, stubcache
+    lib = stubcache.StubCache().load(stubcache.StubSpec('herd', os.environ['SRC']))
+    print(json.dumps({"value": lib.value(), "core": "stubcache.cache.core" in sys.modules}))
+    """
+    first = spawn_py(code, env={"SRC": value_src(5), "STUBCACHE_TEST_CXX_SLEEP": "1",
+                                "STUBCACHE_TEST_CXX_MARK": str(mark)})
+    wait_until(mark.exists, "the first process to start compiling", proc=first)
+    waiters = [spawn_py(code, env={"SRC": value_src(5)}) for _ in range(5)]
+    results = []
+    for p in [first, *waiters]:
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert [r["value"] for r in results] == [5] * 6
+    assert [r["core"] for r in results] == [True] + [False] * 5
+    assert cxx.compiles() == 1
+    hits = sum(1 for f in (cache_root / "v1" / "events").iterdir() for ln in f.read_text().splitlines()
+               if '"ev":"hit"' in ln)
+    assert hits >= 5
+
+
 def test_truncated_library_is_quarantined_and_rebuilt(cache_root, cxx):
     code = """
     import os, stubcache

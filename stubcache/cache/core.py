@@ -235,6 +235,13 @@ class CacheCore:
         user does not trust (see docs/security.md) gives one warning and private builds; an entry
         that fails the trust checks is never loaded: it is quarantined and rebuilt.
         """
+        return self.get_or_build_since(spec, None)
+
+    def get_or_build_since(self, spec: StubSpec, since: float | None) -> Entry:
+        """:meth:`get_or_build` for a caller that has been waiting for this request since
+        ``since`` (a ``time.time()``; :class:`stubcache.hit.front.StubCache` waits for another
+        process serving the same request): that time counts against the lock timeout, and a
+        build failure recorded since then is raised, not built again (invariants 8 and 11)."""
         if not isinstance(spec, StubSpec):
             raise TypeError(f"get_or_build expects a StubSpec, got {type(spec).__name__}")
         fp = self._fingerprint(spec)
@@ -245,7 +252,7 @@ class CacheCore:
             if memo is not None:
                 return memo
         with self._key_lock(base):  # threads of this process: one build per key, others proceed
-            entry = self._get_or_build(spec, base)
+            entry = self._get_or_build(spec, base, since)
         if self._cap_pending:  # after a publish, with every lock released; never after a hit
             self._cap_pending = False
             from ..admin import sizecap
@@ -433,12 +440,15 @@ class CacheCore:
 
     # --- get_or_build, step by step: look up, wait, look again, build, publish; or degrade ------
 
-    def _get_or_build(self, spec: StubSpec, base: str) -> Entry:
+    def _get_or_build(self, spec: StubSpec, base: str, since: float | None = None) -> Entry:
         """The steps of :meth:`get_or_build` once the key is known (under this process's lock for
         it): look up; on a miss wait for the key's build lock, look again, then build (or fetch
         from the fleet) and publish. A root that cannot be used (not trusted, not writable, its
-        lock held past the timeout) degrades to a private build."""
+        lock held past the timeout) degrades to a private build. ``since``: see
+        :meth:`get_or_build_since`."""
         t_start = time.time()
+        if since is not None:
+            t_start = min(t_start, since)
         try:
             found = self._first_look(spec, base)
         except UntrustedRootError as exc:
@@ -465,7 +475,8 @@ class CacheCore:
         if isinstance(lock, Entry):
             return lock  # published by another process while this one waited
         try:
-            found = self._look_again(spec, base, t_wait)
+            # A failure recorded since this request began waiting is this wait's (``since``).
+            found = self._look_again(spec, base, t_wait if since is None else min(t_wait, since))
             if found is not None:
                 return found
             self._event(Event.MISS, base, name=spec.name)

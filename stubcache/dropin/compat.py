@@ -159,11 +159,13 @@ def load_inline(
     return load_inline_recording(None, locals())
 
 
-def load_inline_recording(record: str | None, args: dict[str, Any]) -> Any:
+def load_inline_recording(record: str | None, args: dict[str, Any], since: float | None = None) -> Any:
     """:func:`load_inline` with its arguments by name; with ``record`` (a digest from
     :func:`stubcache.hit.hitpath.request_digest`), a hit record is left for that call where the
     entry qualifies (see :meth:`StubCache.remember_hit`), so the next process's identical call
-    takes the compact hit path (:mod:`stubcache.hit.dropinfront`)."""
+    takes the compact hit path (:mod:`stubcache.hit.dropinfront`). ``since``: when the caller
+    began waiting for another process serving the same call (see
+    :meth:`stubcache.cache.core.CacheCore.get_or_build_since`)."""
     _unsupported(sycl_sources=args["sycl_sources"], extra_sycl_cflags=args["extra_sycl_cflags"],
                  with_sycl=args["with_sycl"], gil_not_used=args["gil_not_used"])
     args = dict(args, functions=_functions_like_torch(args["functions"]))
@@ -191,7 +193,7 @@ def load_inline_recording(record: str | None, args: dict[str, Any]) -> Any:
     fields = {f: args[f] for f in _FORWARDED}
     fields["no_implicit_headers"] = bool(args["no_implicit_headers"])  # torch's False keeps the headers; None would decide
     spec = StubSpec(module_name, **fields)
-    entry, result = _get_and_import(spec, args["verbose"], name, call, build_directory)
+    entry, result = _get_and_import(spec, args["verbose"], name, call, build_directory, since)
     if memo_key is not None and build_directory is None and entry.published and not spec.tracks_headers:
         _call_memo[memo_key] = result
     if record is not None and module_name == name:
@@ -227,10 +229,10 @@ def _verbose_scope(verbose: bool) -> Any:
 
 
 def _get_and_import(spec: StubSpec, verbose: bool, name: Any = None, call: Any = None,
-                    build_directory: Any = None) -> tuple[Entry, Any]:
+                    build_directory: Any = None, since: float | None = None) -> tuple[Entry, Any]:
     cache = default_cache()
     with _verbose_scope(verbose):
-        entry = cache.get_or_build(spec)
+        entry = cache.get_or_build(spec) if since is None else cache.get_or_build_since(spec, since)
         while spec.is_python_module and isinstance(name, str):
             with versions_lock:
                 prev = _imported.setdefault(spec.name, entry.key)

@@ -12,6 +12,9 @@ drop-in, :func:`stubcache.dropin.compat.load_inline`, which leaves the record fo
 
 from __future__ import annotations
 
+import os
+import time
+
 from . import hitpath
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
@@ -67,6 +70,8 @@ def load_inline(
     """
     args = locals()
     digest = None
+    turn = None
+    since = None
     if (is_python_module is False and not verbose and cuda_sources is None and functions is None
             and not extra_include_paths and sycl_sources is None and extra_sycl_cflags is None
             and with_sycl is None and with_cuda is not True and gil_not_used is False and type(name) is str
@@ -79,15 +84,29 @@ def load_inline(
         if (known is None or known == (0, call)) and root is not None:
             digest = hitpath.request_digest("load_inline", (name, call))
             hit = hitpath.find(root, digest) if digest is not None else None
+            if hit is None and digest is not None:
+                # No record: one process at a time serves this call and leaves the record; the
+                # others wait for it and take that (see StubCache.load).
+                since = time.time()
+                turn = hitpath.request_turn(root, digest)
+                if turn == hitpath.WAITED:
+                    turn = None
+                    hit = hitpath.find(root, digest)
             if hit is not None:
                 result = _load(hit, build_directory, name)
                 if result is not None:
+                    if turn is not None:
+                        os.close(turn)
                     with hitpath.versions_lock:
                         hitpath.versions.setdefault(name, (0, call))
                     return result
-    from ..dropin import compat
+    try:
+        from ..dropin import compat
 
-    return compat.load_inline_recording(digest, args)
+        return compat.load_inline_recording(digest, args, since)
+    finally:
+        if turn is not None:
+            os.close(turn)  # the record is there (or cannot be): the next process's turn
 
 
 def _load(hit: hitpath.Hit, build_directory: str | None, name: str) -> str | None:

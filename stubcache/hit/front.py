@@ -13,6 +13,7 @@ other method or attribute, or a ``load`` that the record cannot answer, goes to 
 from __future__ import annotations
 
 import os
+import time
 
 from . import hitpath
 
@@ -85,6 +86,8 @@ class StubCache:
     def load(self, spec: StubSpec) -> CDLL:
         """``get_or_build`` and ``dlopen`` the library; returns a ``ctypes.CDLL``."""
         digest = None
+        turn = None
+        since = None
         root = self._quick_root
         if root is not None and self._core is None:  # (once the whole cache is made, its memo answers)
             from ..key.spec import StubSpec  # loaded already: the caller made the spec
@@ -92,16 +95,31 @@ class StubCache:
             if type(spec) is StubSpec:
                 digest = hitpath.request_digest("spec", (spec.canonical(),))
                 hit = hitpath.find(root, digest) if digest is not None else None
+                if hit is None and digest is not None:
+                    # No record: one process at a time serves this request (and leaves the
+                    # record); the others wait for it and take its record (a herd's waiters
+                    # then import nothing more than this).
+                    since = time.time()
+                    turn = hitpath.request_turn(root, digest)
+                    if turn == hitpath.WAITED:
+                        turn = None
+                        hit = hitpath.find(root, digest)
                 if hit is not None:
                     lib = hitpath.load(hit)
                     if lib is not None:
+                        if turn is not None:
+                            os.close(turn)
                         return lib
-        core = self._full()
-        entry = core.get_or_build(spec)
-        lib = core.load_entry(entry)
-        if digest is not None:
-            core.remember_hit(spec, entry, digest)
-        return lib
+        try:
+            core = self._full()
+            entry = core.get_or_build(spec) if since is None else core.get_or_build_since(spec, since)
+            lib = core.load_entry(entry)
+            if digest is not None:
+                core.remember_hit(spec, entry, digest)
+            return lib
+        finally:
+            if turn is not None:
+                os.close(turn)  # the record is there (or cannot be): the next process's turn
 
     def get_or_build(self, spec: StubSpec) -> Entry:
         """See :meth:`stubcache.cache.core.CacheCore.get_or_build`."""
