@@ -164,3 +164,32 @@ def test_a_state_directory_of_another_user_is_not_used(cache_root, logged_cxx, t
     build(tmp_path / "root-b", 2)
     assert not (state / "stubcache").exists()
     assert probes(log)
+
+
+def test_large_tracked_inputs_hashes_are_remembered_and_follow_the_file(tmp_path, monkeypatch):
+    # A build's large tracked inputs (libc, libstdc++ ...) are hashed once per user and host:
+    # the memo answers while the file's signature holds, and a rewrite (same size, mtime put
+    # back) changes its ctime, so the file is hashed again.
+    import hashlib
+    import time
+
+    from stubcache.key import tracking
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    lib = tmp_path / "lib" / "libbig.so"
+    lib.parent.mkdir()
+    lib.write_bytes(b"a" * (128 << 10))
+    build = tmp_path / "build"
+    build.mkdir()
+    later = time.time_ns() + 60 * 10**9  # the build "started" after every write here: all stable
+    first = tracking.track([str(lib)], str(build), [], None, later)
+    assert first.files[str(lib)] == hashlib.sha256(b"a" * (128 << 10)).hexdigest()
+    assert tracking._hash_memo()[str(lib)][1] == first.files[str(lib)]
+    assert tracking.track([str(lib)], str(build), [], None, later).files == first.files
+    st = lib.stat()
+    time.sleep(0.01)
+    lib.write_bytes(b"b" * (128 << 10))
+    os.utime(lib, ns=(st.st_atime_ns, st.st_mtime_ns))
+    again = tracking.track([str(lib)], str(build), [], None, later)
+    assert again.files[str(lib)] == hashlib.sha256(b"b" * (128 << 10)).hexdigest()
+    assert tracking._hash_memo()[str(lib)][1] == again.files[str(lib)]

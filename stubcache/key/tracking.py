@@ -18,7 +18,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     import re
     import subprocess
-    from typing import Any, Iterable, Sequence
+    from typing import Any, Callable, Iterable, Sequence
 
 
 class SearchPath:
@@ -347,6 +347,8 @@ def track(deps: Iterable[str], build_dir: str, pinned: list[str], search: Search
     (those in tracked headers are added here): the file each resolves to now is tracked, and a
     name found nowhere is recorded as absent in every searched directory."""
     skip = os.path.realpath(build_dir).rstrip("/") + "/"
+    remembered = _hash_memo()
+    learned: dict[str, list[Any]] = {}
     files: dict[str, str] = {}
     sigs: dict[str, list[Any]] = {}
     unstable: list[str] = []
@@ -372,19 +374,25 @@ def track(deps: Iterable[str], build_dir: str, pinned: list[str], search: Search
             return
         try:
             st0 = os.stat(path)
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            known = remembered.get(path) if st0.st_size >= HASH_MEMO_MIN_SIZE else None
+            fd = -1 if known is not None and known[0] == signature(st0) else os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             if not probe and not _driver_temporary(path):
                 unstable.append(path)  # read by the build, gone now
             return
-        try:
-            digest = file_sha256(fd)
-            st1 = os.fstat(fd)
-        finally:
-            os.close(fd)
+        if fd < 0:  # hashed by an earlier build of this user's, and unchanged since (signature)
+            digest, st1 = known[1], st0  # type: ignore[index]  # (known is set: fd < 0)
+        else:
+            try:
+                digest = file_sha256(fd)
+                st1 = os.fstat(fd)
+            finally:
+                os.close(fd)
         sig = signature(st1)
         if signature(st0) != sig or st1.st_ctime_ns >= started_ns - slack_ns(st1.st_ctime_ns):
             unstable.append(path)
+        elif fd >= 0 and st1.st_size >= HASH_MEMO_MIN_SIZE:
+            learned[path] = [sig, digest]
         files[path] = digest
         if recordable(sig) is not None:
             sigs[path] = sig
@@ -419,7 +427,44 @@ def track(deps: Iterable[str], build_dir: str, pinned: list[str], search: Search
         record["search"] = search.dirs  # the search order, as the compiler named its directories
         record["shadows"] = shadow_candidates(headers + pinned_headers, search, pinned, absent_names, beside,
                                               started_ns, unstable)
+    if learned:
+        _remember_hashes(remembered, learned)
     return Tracked(files, record, unstable)
+
+
+# The SHA-256 of large tracked inputs (libc, libm, libstdc++ and the loader, which every link
+# reads: 6 MiB, ~8 ms of hashing per build here), kept per user and host with their signatures
+# (stubcache.key.probememo: this user's own state directory, never a cache root others can
+# write). A file whose signature (device, inode, size, modification and change times) is the
+# one recorded is not read again: the rule by which a hit trusts an entry's tracked inputs
+# (stubcache.key.inputs.still_valid).
+HASH_MEMO_KEY = "tracked input hashes v1"
+HASH_MEMO_MIN_SIZE = 64 << 10  # smaller files cost less to hash than to remember
+HASH_MEMO_MAX = 512  # files kept; the memo starts afresh past it
+
+
+def _hash_memo() -> dict[str, tuple[list[Any], str]]:
+    """path -> (signature, sha256) from this user's memo; empty if there is none (or it is odd)."""
+    from . import probememo
+
+    out: dict[str, tuple[list[Any], str]] = {}
+    data = probememo.read(HASH_MEMO_KEY)
+    rows = data.get("files") if data else None
+    if isinstance(rows, dict):
+        for path, row in rows.items():
+            if (isinstance(row, list) and len(row) == 2 and isinstance(row[0], list) and len(row[0]) == 5
+                    and all(type(v) is int for v in row[0]) and isinstance(row[1], str) and len(row[1]) == 64):
+                out[path] = (row[0], row[1])
+    return out
+
+
+def _remember_hashes(known: dict[str, tuple[list[Any], str]], learned: dict[str, list[Any]]) -> None:
+    from . import probememo
+
+    rows: dict[str, list[Any]] = {} if len(known) + len(learned) > HASH_MEMO_MAX else {
+        p: [sig, digest] for p, (sig, digest) in known.items()}
+    rows.update(learned)
+    probememo.write(HASH_MEMO_KEY, {"files": rows})
 
 
 def _read_text(path: str) -> str:
@@ -451,6 +496,21 @@ def _driver_temporary(path: str) -> bool:
     return re.fullmatch(r"cc[A-Za-z0-9]{6}\.[os]", os.path.basename(path)) is not None
 
 
+def _unpinned_test(pinned: Sequence[str]) -> Callable[[str], bool]:
+    """``not is_pinned(d, pinned)``, each directory resolved once (for one build's candidates:
+    many share a directory, and each test resolves it with ``realpath``)."""
+    pinned = list(pinned)
+    seen: dict[str, bool] = {}
+
+    def unpinned(d: str) -> bool:
+        known = seen.get(d)
+        if known is None:
+            known = seen[d] = not is_pinned(d, pinned)
+        return known
+
+    return unpinned
+
+
 def shadow_candidates(headers: list[str], search: SearchPath, pinned: Sequence[str] = (),
                       absent_names: Sequence[str] = (), beside: dict[str, Any] | None = None, started_ns: int | None = None,
                       unstable: list[Any] | None = None) -> dict[str, Any]:
@@ -464,9 +524,7 @@ def shadow_candidates(headers: list[str], search: SearchPath, pinned: Sequence[s
     appears in it) as the one name that would have to appear there. Directories under a pinned
     prefix are left out: their contents are pinned by version like the headers in them."""
     dirs = search.dirs
-
-    def unpinned(d: str) -> bool:
-        return not is_pinned(d, list(pinned))
+    unpinned = _unpinned_test(pinned)
 
     open_dirs = {d for d in dirs + search.missing if unpinned(d)}
     missing = [d for d in search.missing if d in open_dirs]
@@ -498,9 +556,7 @@ def file_candidates(cands: Iterable[str], pinned: Sequence[str] = (), out: dict[
     (``{directory: [dir signature, [names]]}``, see :func:`shadow_candidates`). A candidate
     that exists already is not one; if it appeared after ``started_ns`` (while the build ran:
     the compiler may have searched before it did) it goes to ``unstable``."""
-
-    def unpinned(d: str) -> bool:
-        return not is_pinned(d, list(pinned))
+    unpinned = _unpinned_test(pinned)
 
     out = {} if out is None else out
     for c in sorted(set(cands)):
