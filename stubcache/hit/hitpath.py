@@ -581,8 +581,10 @@ def load(hit: Hit) -> CDLL | None:
 # --- one process serves a request at a time (a herd's waiters take the record it leaves) -------
 
 # How long a request waits for another process that is serving it (building, usually) before it
-# takes the full path itself, which waits on the key's build lock, bounded and with a notice.
-REQUEST_WAIT = 5.0
+# takes the full path itself, which waits on the key's build lock, bounded, with the notice and
+# the terminal's status line naming the builder (stubcache.edge.progress.STATUS_AFTER after that:
+# a direct build, what a herd waits for, is done well within it).
+REQUEST_WAIT = 1.0
 WAITED = -1  # request_turn's answer: another process served the request meanwhile
 
 
@@ -610,8 +612,9 @@ def request_turn(root: str, digest: str) -> int | None:
     # closes the fd once that has left its record. If another process holds it (serving the same
     # request, which a herd of engines starting at once does), this waits until that process
     # lets go, at most :data:`REQUEST_WAIT` seconds, and returns :data:`WAITED`: ``find`` again,
-    # and the full path if there is still no record. ``None``: no lock here (no private root,
-    # an odd file); take the full path.
+    # and the full path if there is still no record. ``None``: no lock here (no root yet, not a
+    # private one, an odd file); take the full path. In a private root ``v1/state`` is made
+    # (0700) where missing, as the full path would make it.
     #
     # Only a shortcut: the full path's build lock is what makes builds happen once (invariant 1).
     # A process that dies drops the lock (a kernel flock). The wait is a blocking shared ``flock``
@@ -621,11 +624,7 @@ def request_turn(root: str, digest: str) -> int | None:
     import fcntl
 
     try:
-        try:
-            rfd = os.open(root, O_DIR)
-        except FileNotFoundError:
-            os.makedirs(root, mode=0o700, exist_ok=True)  # as Store.ensure makes a missing root
-            rfd = os.open(root, O_DIR)
+        rfd = os.open(root, O_DIR)  # (a root that does not exist yet: the full path makes it)
         try:
             if not private_ok(os.fstat(rfd)):
                 return None
