@@ -100,7 +100,7 @@ class StubCache:
                     # record); the others wait for it and take its record (a herd's waiters
                     # then import nothing more than this).
                     since = time.time()
-                    turn = hitpath.request_turn(root, digest)
+                    turn = hitpath.request_turn(root, digest, make_root=True)  # a valid request: a spec
                     if turn == hitpath.WAITED:
                         turn = None
                         hit = hitpath.find(root, digest)

@@ -605,16 +605,17 @@ def _private_subdir(dfd: int, name: str) -> int:
         return open_private_dir_at(dfd, name)
 
 
-def request_turn(root: str, digest: str) -> int | None:
+def request_turn(root: str, digest: str, make_root: bool = False) -> int | None:
     # Called when no record answers the request ``digest`` in ``root``: whose turn it is to
     # serve it. The request's lock (``v1/state/hit-<digest>.lock``, an exclusive ``flock``) is
     # taken without waiting: its fd is returned, held, and the caller takes the full path and
     # closes the fd once that has left its record. If another process holds it (serving the same
     # request, which a herd of engines starting at once does), this waits until that process
     # lets go, at most :data:`REQUEST_WAIT` seconds, and returns :data:`WAITED`: ``find`` again,
-    # and the full path if there is still no record. ``None``: no lock here (no root yet, not a
-    # private one, an odd file); take the full path. In a private root ``v1/state`` is made
-    # (0700) where missing, as the full path would make it.
+    # and the full path if there is still no record. ``None``: no lock here (no root and not
+    # ``make_root``, not a private root, an odd file); take the full path. A missing root (with
+    # ``make_root``: the request is known to be valid, a StubSpec) and, in a private root, a
+    # missing ``v1/state`` are made (0700), as the full path would make them.
     #
     # Only a shortcut: the full path's build lock is what makes builds happen once (invariant 1).
     # A process that dies drops the lock (a kernel flock). The wait is a blocking shared ``flock``
@@ -624,7 +625,13 @@ def request_turn(root: str, digest: str) -> int | None:
     import fcntl
 
     try:
-        rfd = os.open(root, O_DIR)  # (a root that does not exist yet: the full path makes it)
+        try:
+            rfd = os.open(root, O_DIR)
+        except FileNotFoundError:
+            if not make_root:
+                return None  # the full path makes it, once it has checked the request
+            os.makedirs(root, mode=0o700, exist_ok=True)  # as Store.ensure makes a missing root
+            rfd = os.open(root, O_DIR)
         try:
             if not private_ok(os.fstat(rfd)):
                 return None
