@@ -16,6 +16,8 @@ from ..edge.errors import UnsupportedError
 from ..key.spec import FIELDS, StubSpec
 from ..storage.store import default_root  # all three loaded with .cache: a function-level import costs ~1.5 us a call
 
+Unsupported = UnsupportedError  # its name before errors.py held it (docs/cache.md quoted it)
+
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
 if TYPE_CHECKING:
     from typing import Any, Sequence
