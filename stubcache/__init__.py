@@ -27,6 +27,7 @@ if "-m" in _sys.orig_argv and _sys.orig_argv[_sys.orig_argv.index("-m") + 1:][:1
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
 if TYPE_CHECKING:  # what __getattr__ below returns for each name, for type checkers
     from .cache.core import Entry
+    from .dropin import compat as compat, patch as patch  # the submodules' names before the layer folders
     from .dropin.compat import default_cache, load
     from .dropin.patch import patch_torch, unpatch_torch
     from .edge.errors import (BuildError, CacheMissError, IntegrityError, LockTimeoutError, StubCacheError,
@@ -47,11 +48,19 @@ _LAZY = {"Entry": "cache.core", "StubCache": "hit.front", "StubSpec": "key.spec"
          "unpatch_torch": "dropin.patch"}
 
 
+# ``stubcache.compat`` and ``stubcache.patch`` named these modules before the package had layer
+# folders (docs/cache.md quoted ``stubcache.compat.Unsupported``): kept for code written then.
+_MOVED = {"compat": "dropin.compat", "patch": "dropin.patch"}
+
+
 def __getattr__(name: str) -> object:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'stubcache' has no attribute {name!r}")
     # __import__, not importlib.import_module: the same import, but one `python -X importtime` reports
-    value = getattr(__import__(f"{__name__}.{_LAZY[name]}", fromlist=[name]), name)
+    if name in _MOVED:
+        value = __import__(f"{__name__}.{_MOVED[name]}", fromlist=["_"])
+    elif name in _LAZY:
+        value = getattr(__import__(f"{__name__}.{_LAZY[name]}", fromlist=[name]), name)
+    else:
+        raise AttributeError(f"module 'stubcache' has no attribute {name!r}")
     globals()[name] = value  # later lookups are plain attribute reads
     return value
 

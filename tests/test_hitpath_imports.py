@@ -121,7 +121,8 @@ def test_a_hit_imports_only_what_it_needs(cache_root, tmp_path):
     expected = HIT_MODULES | {"stubcache.hit.front", "stubcache.key", "stubcache.key.spec"}
     assert {m for m in loaded if m.startswith("stubcache")} == expected, loaded
     heavy = {"json", "typing", "re", "enum", "logging", "subprocess", "shutil",
-             "tempfile", "pathlib", "dataclasses", "signal", "importlib.util", "torch", "filelock", "stubcache.dropin.compat", "stubcache.dropin.patch", "stubcache.key.toolchain",
+             "tempfile", "pathlib", "dataclasses", "signal", "importlib.util", "torch", "filelock",
+             "stubcache.dropin.compat", "stubcache.dropin.patch", "stubcache.key.toolchain",
              "stubcache.build.builder", "stubcache.edge.progress", "stubcache.edge.faults", "stubcache.key.tracking",
              "stubcache.edge.log"}
     assert not loaded & heavy, loaded & heavy

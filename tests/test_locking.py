@@ -155,6 +155,8 @@ def test_a_timed_out_build_lock_names_its_holder(cache_root):
         with pytest.raises(LockTimeoutError, match=f"pid {holder.proc.pid} .*no lease file"):
             locking.acquire(store, base, 0.1, "stub")
         assert locking.acquire(store, base, 60, "stub", published=lambda: True) is None
+        with pytest.raises(LockTimeoutError):  # no time to wait: the time is up before anything is asked
+            locking.acquire(store, base, 0.0, "stub", published=lambda: True)
         holder.release()
         lock = locking.acquire(store, base, 60, "stub")
         assert lock is not None and lock.fd >= 0

@@ -28,3 +28,9 @@ def test_every_deliberate_error_is_a_stubcache_error_with_the_bases_callers_catc
     assert issubclass(errors.UntrustedRootError, stubcache.TrustError)
     defined = {name for name, value in vars(errors).items() if isinstance(value, type) and issubclass(value, Exception)}
     assert all(issubclass(getattr(errors, n), errors.StubCacheError) for n in defined)
+
+
+def test_the_module_names_before_the_layer_folders_still_answer():
+    """docs/cache.md quoted ``stubcache.compat.Unsupported`` before the package had layer folders."""
+    assert stubcache.compat.Unsupported is stubcache.UnsupportedError
+    assert stubcache.compat.load is stubcache.load and stubcache.patch.patch_torch is stubcache.patch_torch

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import stubcache
 from stubcache import StubSpec
 from stubcache.dropin import compat
 from stubcache.build.builder import load_inline_kwargs
@@ -258,8 +259,8 @@ def test_builder_hands_torch_every_field_the_table_maps(tmp_path):
 
 
 def test_dropin_forwards_every_torch_field(monkeypatch):
-    """compat.load_inline takes each field the table marks as a load_inline parameter from its
-    argument of the same name, and each one is in its per-call memo key."""
+    """The drop-in's full path takes each field the table marks as a load_inline parameter from
+    the argument of the same name, and each one is in its per-call memo key."""
     seen = []
 
     class Unpublished:
@@ -276,12 +277,18 @@ def test_dropin_forwards_every_torch_field(monkeypatch):
                 with_pytorch_error_handling=False, no_implicit_headers=True)
     forwarded = [f.name for f in FIELDS if f.torch and f.name != "name"]
     assert sorted(args) == sorted(forwarded)
-    compat.load_inline("fwd_probe", **args)
+
+    def full_path(*a, **k):  # what stubcache.load_inline hands to the full path, with no record to leave
+        bound = inspect.signature(stubcache.load_inline).bind(*a, **k)
+        bound.apply_defaults()
+        return compat.load_inline_recording(None, dict(bound.arguments))
+
+    full_path("fwd_probe", **args)
     spec, call = seen[-1]
     assert spec.to_dict() == StubSpec("fwd_probe", builder=None, **args).to_dict()
     assert len(call) == len(forwarded)
     # torch's default no_implicit_headers=False keeps the headers (the spec's None would decide)
-    compat.load_inline("fwd_probe2", C_SRC, is_python_module=False)
+    full_path("fwd_probe2", C_SRC, is_python_module=False)
     assert seen[-1][0].no_implicit_headers is False
 
 

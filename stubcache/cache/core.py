@@ -167,20 +167,9 @@ def checked_loader_policy(root: str) -> TrustPolicy | None:
 
 
 class CacheCore:
-    """A content-addressed cache of built stubs under one root directory (the whole of
-    :class:`stubcache.StubCache`, which makes one on first use).
-
-    Args:
-        root: cache root; default ``STUBCACHE_DIR`` or ``platformdirs.user_cache_dir("stubcache")``.
-        lock_timeout: seconds to wait for another process's build of the same key (default
-            ``STUBCACHE_LOCK_TIMEOUT`` or 600). After that this process builds privately and does
-            not publish.
-        seeds: read-only stores consulted before ``root`` (default ``STUBCACHE_SEED_DIRS``).
-
-    With ``STUBCACHE_REMOTE`` set, a local miss asks the fleet's remote store before building,
-    and a build is uploaded after it is published (docs/remote.md). Its settings are checked
-    here: :class:`stubcache.remote.RemoteConfigError` on a misconfiguration.
-    """
+    """A content-addressed cache of built stubs under one root directory: the whole of
+    :class:`stubcache.StubCache` (its arguments and settings are documented there), which makes
+    one on the first call its hit path cannot answer."""
 
     def __init__(self, root: str | os.PathLike[str] | None = None, *, lock_timeout: float | None = None,
                  seeds: list[str] | None = None) -> None:

@@ -16,6 +16,8 @@ from ..edge.errors import UnsupportedError
 from ..key.spec import FIELDS, StubSpec
 from ..storage.store import default_root  # all three loaded with .cache: a function-level import costs ~1.5 us a call
 
+Unsupported = UnsupportedError  # its name before errors.py held it (docs/cache.md quoted it)
+
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
 if TYPE_CHECKING:
     from typing import Any, Sequence
@@ -132,35 +134,10 @@ def _import_placed(cache: StubCache, entry: Entry, is_python_module: bool, build
     return result
 
 
-def load_inline(
-    name: str,
-    cpp_sources: str | Sequence[str],
-    cuda_sources: str | Sequence[str] | None = None,
-    sycl_sources: str | Sequence[str] | None = None,
-    functions: Sequence[str] | dict[str, Any] | str | None = None,
-    extra_cflags: Sequence[str] | None = None,
-    extra_cuda_cflags: Sequence[str] | None = None,
-    extra_sycl_cflags: Sequence[str] | None = None,
-    extra_ldflags: Sequence[str] | None = None,
-    extra_include_paths: Sequence[str] | None = None,
-    build_directory: str | None = None,
-    verbose: bool = False,
-    with_cuda: bool | None = None,
-    with_sycl: bool | None = None,
-    is_python_module: bool = True,
-    with_pytorch_error_handling: bool = True,
-    keep_intermediates: bool = True,
-    use_pch: bool = False,
-    no_implicit_headers: bool = False,
-    gil_not_used: bool = False,
-) -> Any:
-    """The full path of :func:`stubcache.hit.dropinfront.load_inline` (the public drop-in, documented
-    there), taken when no hit record answers the call."""
-    return load_inline_recording(None, locals())
-
-
 def load_inline_recording(record: str | None, args: dict[str, Any], since: float | None = None) -> Any:
-    """:func:`load_inline` with its arguments by name; with ``record`` (a digest from
+    """The full path of :func:`stubcache.load_inline` (the public drop-in,
+    :func:`stubcache.hit.dropinfront.load_inline`, documented there), taken when no hit record
+    answers the call; ``args`` are its arguments by name. With ``record`` (a digest from
     :func:`stubcache.hit.hitpath.request_digest`), a hit record is left for that call where the
     entry qualifies (see :meth:`StubCache.remember_hit`), so the next process's identical call
     takes the compact hit path (:mod:`stubcache.hit.dropinfront`). ``since``: when the caller
@@ -313,5 +290,4 @@ def load(
     return _get_and_import(spec, verbose, name, call, build_directory)[1]
 
 
-mark(load_inline)
 mark(load)

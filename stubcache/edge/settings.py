@@ -311,8 +311,5 @@ def parse_age(text: Any) -> float:
     return parse_duration(text)
 
 
-#: the settings ``stubcache config`` shows and sets: name -> parser of the stored value
-
-
 #: the settings a root's configuration holds (``stubcache config``): name -> parser of the stored value
 ROOT_SETTINGS: dict[str, Callable[[Any], Any]] = {"max_size": parse_cap, "toolchain_max_age": parse_age}

@@ -6,7 +6,7 @@ call first asks :mod:`stubcache.hit.hitpath` for the record the full drop-in lef
 call (see there for what a record is and every check a hit through it makes), and only if there
 is none, or the call is one the record cannot answer (a Python module, CUDA, include paths,
 ``verbose``, a setting to check, a second version of a name in this process), runs the full
-drop-in, :func:`stubcache.dropin.compat.load_inline`, which leaves the record for the next process.
+drop-in, :func:`stubcache.dropin.compat.load_inline_recording`, which leaves the record for the next process.
 
 """
 

@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 LAYOUT = "v1"  # the layout directory under a root (stubcache.storage.store imports it from here)
-RECORD_FORMAT = 1
+RECORD_FORMAT = 2  # 2: the key's modules moved into layer folders (their validators name the new files)
 DROPIN_MARK = "__stubcache_dropin__"  # an attribute set on the drop-ins (stubcache.build.torchjit)
 CONFIG_NAME = "stubcache-root.json"  # a root's own configuration (stubcache.storage.trust imports it from here)
 MANIFEST_NAME = "manifest.json"  # an entry's record (stubcache.storage.manifest imports it from here)

@@ -356,11 +356,10 @@ def acquire(store: "Store", base: str, timeout: float, name: str,
     after a few seconds, which process holds the build; raises :class:`LockTimeoutError` after
     ``timeout``.
 
-    ``published``, if given, is a cheap check (one ``stat``) called between attempts and once
-    more when the time is up; when it returns True the wait ends and ``None`` is returned: the
-    holder has published, so the caller can look the entry up without taking the lock (otherwise
-    a herd's waiters would queue on the lock one by one just
-    to find the entry there).
+    ``published``, if given, is a cheap check (one ``stat``) called between attempts; when it
+    returns True the wait ends and ``None`` is returned: the holder has published, so the caller
+    can look the entry up without taking the lock (otherwise a herd's waiters would queue on the
+    lock one by one just to find the entry there).
     """
     from ..edge import log
 
@@ -375,9 +374,18 @@ def acquire(store: "Store", base: str, timeout: float, name: str,
             say = log.warning if progress.verbose() or progress.stderr_is_terminal() else log.info
             say("stubcache: waiting for %s to finish building %r (key %s)", describe_holder(store, base, fd), name, base)
 
-        if wait_flock(fd, EX, timeout, max_delay=0.01, until=published, notice=notice, attempt=try_build_lock):
+        seen_published: list[bool] = []
+
+        def until() -> bool:
+            if published is not None and published():
+                seen_published.append(True)
+                return True
+            return False
+
+        if wait_flock(fd, EX, timeout, max_delay=0.01, until=until if published is not None else None,
+                      notice=notice, attempt=try_build_lock):
             return Lock(fd)
-        if published is None or not published():
+        if not seen_published:  # the time is up (not the entry published)
             raise LockTimeoutError(
                 f"timed out after {timeout:.0f}s waiting for the build of {name!r} (key {base}) held "
                 f"by {describe_holder(store, base, fd)}; raise STUBCACHE_LOCK_TIMEOUT if builds are slow")
