@@ -262,8 +262,7 @@ def test_herd_waiters_take_the_builders_record_without_the_cache(cache_root, cxx
     lib = stubcache.StubCache().load(stubcache.StubSpec('herd', os.environ['SRC']))
     print(json.dumps({"value": lib.value(), "core": "stubcache.cache.core" in sys.modules}))
     """
-    # (a compile shorter than hitpath.REQUEST_WAIT, 1 s: a longer one sends waiters to the full path)
-    first = spawn_py(code, env={"SRC": value_src(5), "STUBCACHE_TEST_CXX_SLEEP": "0.3",
+    first = spawn_py(code, env={"SRC": value_src(5), "STUBCACHE_TEST_CXX_SLEEP": "1",
                                 "STUBCACHE_TEST_CXX_MARK": str(mark)})
     wait_until(mark.exists, "the first process to start compiling", proc=first)
     waiters = [spawn_py(code, env={"SRC": value_src(5)}) for _ in range(5)]
@@ -278,30 +277,6 @@ def test_herd_waiters_take_the_builders_record_without_the_cache(cache_root, cxx
     hits = sum(1 for f in (cache_root / "v1" / "events").iterdir() for ln in f.read_text().splitlines()
                if '"ev":"hit"' in ln)
     assert hits >= 5
-
-
-def test_build_log_keeps_the_compilers_words_without_what_v_adds(cache_root, cxx):
-    # gcc's direct builds run with -v (its include search order, read from the compile's own
-    # output instead of a second compiler run): the log and a BuildError keep the diagnostics,
-    # source excerpts included, and nothing -v added.
-    code = """
-    import json, os, stubcache
-    cache = stubcache.StubCache()
-    e = cache.get_or_build(stubcache.StubSpec('warns', os.environ['SRC'], extra_cflags=['-Wall']))
-    try:
-        cache.get_or_build(stubcache.StubSpec('broken', os.environ['BAD']))
-    except stubcache.BuildError as exc:
-        print(json.dumps([e.manifest.build_log, exc.output, e.manifest.inputs["search"]]))
-    """
-    src = 'extern "C" int value(void) { int unused_here; return 9; }\n'
-    log, err, search = json.loads(run_py(code, env={"SRC": src, "BAD": BROKEN}).stdout.strip().splitlines()[-1])
-    for text in (log, err):
-        assert "Using built-in specs" not in text and "COLLECT_GCC" not in text
-        assert "search starts here" not in text and "End of search list" not in text
-    assert " -v " in log.splitlines()[0]  # (gcc here: the mode under test ran)
-    assert "unused_here" in log and "warning" in log and "|" in log
-    assert "error" in err and "this is not" in err
-    assert any(d.startswith("/usr") for d in search)
 
 
 def test_truncated_library_is_quarantined_and_rebuilt(cache_root, cxx):

@@ -29,7 +29,6 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     from typing import Any, Iterable
 
-    from ..key.tracking import SearchPath
 
 AS_NEEDED = "-Wl,--as-needed"
 _torch_lock = threading.Lock()
@@ -61,15 +60,10 @@ def build(spec: StubSpec, build_dir: str, compiler: dict[str, Any] | None = None
     t0 = time.perf_counter()
     started_ns = time.time_ns()
     probe = None
-    search = None
     try:
         if spec.build_method == "direct":
-            if buildinputs.search_path_from_compile(compiler) and not progress.verbose():
-                # gcc says its search order in the compile's own -v output: no probe to spawn
-                library, out, deps, search = _build_direct_verbose(spec, build_dir, compiler)
-            if search is None:
-                probe = buildinputs.start_search_probe(spec, build_dir)  # runs beside the compile
-                library, out, deps = _build_direct(spec, build_dir, compiler)
+            probe = buildinputs.start_search_probe(spec, build_dir)  # runs beside the compile
+            library, out, deps = _build_direct(spec, build_dir, compiler)
         elif spec.separate_units and len(spec.cpp_sources) + len(spec.cuda_sources) > 1:
             library, out, deps = _build_units(spec, build_dir, compiler)
         else:
@@ -79,7 +73,7 @@ def build(spec: StubSpec, build_dir: str, compiler: dict[str, Any] | None = None
             probe.kill()
             probe.communicate()  # reaps it and closes its pipe (a leaked pipe per failed build)
         raise
-    tracked = buildinputs.tracked_inputs(spec, build_dir, deps, started_ns, probe, compiler, search)
+    tracked = buildinputs.tracked_inputs(spec, build_dir, deps, started_ns, probe, compiler)
     loadcheck.check_loads(library, spec.name)  # links but cannot load: a failed build, not an entry
     module_name = os.path.basename(library).split(".", 1)[0]
     return BuildResult(library, module_name, tracked.files, spec.build_method, time.perf_counter() - t0, out,
@@ -117,25 +111,7 @@ def direct_command(spec: StubSpec, source: str, output: str, depfile: str,
     return cmd + buildinputs.extra_link_flags(compiler)
 
 
-def _build_direct_verbose(spec: StubSpec, build_dir: str,
-                          compiler: dict[str, Any]) -> tuple[str, str, list[str], SearchPath | None]:
-    """:func:`_build_direct` with ``-v``: gcc prints its include search order (what the search
-    probe, ``-E -v``, asks a second compiler run for) in the compile's own output, which is read
-    there and left out of the build log. ``None`` for the search order if it is not there (the
-    caller probes)."""
-    from ..key.tracking import parse_search_path
-
-    raw: list[str] = []
-    library, text, deps = _build_direct(spec, build_dir, compiler, verbose_compile=raw)
-    search = parse_search_path(raw[0])
-    return library, text, deps, search if search.dirs else None
-
-
-def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any],
-                  verbose_compile: list[str] | None = None) -> tuple[str, str, list[str]]:
-    """Compile and link ``spec`` with one compiler run; returns the library, the log and the
-    files the build read. ``verbose_compile``: run it with gcc's ``-v``, append its whole output
-    there, and leave what ``-v`` added out of the log."""
+def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any]) -> tuple[str, str, list[str]]:
     source = os.path.join(build_dir, "main.cpp")
     with open(source, "w", encoding="utf-8", errors="surrogateescape") as fh:
         fh.write("\n".join(spec.cpp_sources))  # surrogates: the undecodable bytes of a load()ed file
@@ -143,9 +119,6 @@ def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any],
     # Relative names (the compiler runs in build_dir) and the prefix map keep the random staging
     # path out of the library, so two builds of one key give identical bytes.
     cmd = direct_command(spec, "main.cpp", f"{spec.name}.so", buildinputs.DEPFILE, build_dir, compiler)
-    if verbose_compile is not None:
-        words = len(buildinputs.compiler_command())
-        cmd[words:words] = ["-v"]  # right after the compiler: it names no input, changes no output
     env = dict(os.environ, TMPDIR=build_dir)  # the compiler's temporary object: not under /tmp
     import shlex
 
@@ -161,9 +134,6 @@ def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any],
         raise BuildError(f"Error building extension '{spec.name}': cannot run the compiler {cmd[0]!r}: "
                          f"{exc}; set CXX or install a C++ compiler", name=spec.name) from None
     out = (proc.stdout or b"").decode("utf-8", "replace")
-    if verbose_compile is not None:
-        verbose_compile.append(out)
-        out = buildinputs.without_verbose_lines(out)
     text = head + out
     if proc.returncode != 0 or not os.path.isfile(output):
         raise BuildError(f"Error building extension '{spec.name}'", output=text, name=spec.name)

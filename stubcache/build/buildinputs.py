@@ -134,51 +134,10 @@ def start_search_probe(spec: StubSpec, build_dir: str) -> subprocess.Popen[bytes
         return None
 
 
-def search_path_from_compile(compiler: dict[str, Any]) -> bool:
-    """Whether the compile itself can report the include search order (gcc's ``-v``, whose
-    output :func:`stubcache.key.tracking.parse_search_path` reads and :func:`without_verbose_lines`
-    takes out of the log), so no search probe is spawned: gcc's own ``cc1plus``."""
-    cc1 = (compiler.get("cc1") or {}).get("path") or ""
-    return os.path.basename(cc1) == "cc1plus"
-
-
-# What gcc's -v adds to a compile's output (the driver's configuration, each command it runs,
-# cc1plus's banner and search order, as's version), left out of a build log.
-_VERBOSE_PREFIXES = ("Using built-in specs.", "COLLECT_GCC=", "COLLECT_LTO_WRAPPER=", "OFFLOAD_TARGET_", "Target: ",
-                     "Configured with: ", "Thread model: ", "Supported LTO compression algorithms: ",
-                     "gcc version ", "COLLECT_GCC_OPTIONS=", "COLLECT_AS_OPTIONS=", "GGC heuristics: ", "Compiler executable checksum: ",
-                     "GNU assembler version ", "COMPILER_PATH=", "LIBRARY_PATH=", "ignoring nonexistent directory ",
-                     "ignoring duplicate directory ", "#include \"...\" search starts here:",
-                     "#include <...> search starts here:", "End of search list.", "\tcompiled by GNU ",
-                     "GNU C++", "GNU C17", "GNU C (")
-
-
-def without_verbose_lines(text: str) -> str:
-    """``text`` (a gcc compile's output with ``-v``) without what ``-v`` added: its lines of
-    configuration and versions, and the commands and search directories it lists (one leading
-    space; a diagnostic's source lines have more, or a line number)."""
-    out = []
-    blank_ok = True
-    for line in text.splitlines(keepends=True):
-        if line.startswith(_VERBOSE_PREFIXES) or (line.startswith(" ") and line[1:2] not in ("", " ", "|")
-                                                  and not line[1:2].isdigit()):
-            blank_ok = not line.startswith("\tcompiled by ")
-            continue
-        if not blank_ok and not line.strip():
-            blank_ok = True
-            continue  # the empty line after cc1plus's banner
-        blank_ok = True
-        out.append(line)
-    return "".join(out)
-
-
 def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: int,
                    probe: subprocess.Popen[bytes] | None = None,
-                   compiler: dict[str, Any] | None = None,
-                   search_found: tracking.SearchPath | None = None) -> tracking.Tracked:
-    """Hash what the build read (see :mod:`stubcache.key.inputs`). The include search order is
-    ``search_found`` (read from the compile's own output), else the ``probe``'s answer (started
-    beside the compile), else asked for now."""
+                   compiler: dict[str, Any] | None = None) -> tracking.Tracked:
+    """Hash what the build read (see :mod:`stubcache.key.inputs`)."""
     if not deps and not tracking.files_named_by_flags(spec.extra_cflags + spec.extra_ldflags):
         if probe is not None:
             probe.kill()
@@ -187,12 +146,10 @@ def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: 
     import sysconfig
 
     cmd = compiler_command()
-    search = search_found
     try:
-        if search is None:
-            if probe is None:
-                probe = tracking.start_search_path([*cmd, *_compile_flags(spec, build_dir)], build_dir)
-            search = tracking.finish_search_path(probe)
+        if probe is None:
+            probe = tracking.start_search_path([*cmd, *_compile_flags(spec, build_dir)], build_dir)
+        search = tracking.finish_search_path(probe)
     except (OSError, subprocess.SubprocessError):
         search = None
     facts = compiler if compiler is not None else compiler_facts()
