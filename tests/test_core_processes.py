@@ -262,7 +262,9 @@ def test_herd_waiters_take_the_builders_record_without_the_cache(cache_root, cxx
     lib = stubcache.StubCache().load(stubcache.StubSpec('herd', os.environ['SRC']))
     print(json.dumps({"value": lib.value(), "core": "stubcache.cache.core" in sys.modules}))
     """
-    first = spawn_py(code, env={"SRC": value_src(5), "STUBCACHE_TEST_CXX_SLEEP": "1",
+    # The compile is held 0.3 s: well inside the 1 s a request waits for its server (REQUEST_WAIT;
+    # a waiter that starts after the record is there simply finds it).
+    first = spawn_py(code, env={"SRC": value_src(5), "STUBCACHE_TEST_CXX_SLEEP": "0.3",
                                 "STUBCACHE_TEST_CXX_MARK": str(mark)})
     wait_until(mark.exists, "the first process to start compiling", proc=first)
     waiters = [spawn_py(code, env={"SRC": value_src(5)}) for _ in range(5)]
@@ -272,7 +274,10 @@ def test_herd_waiters_take_the_builders_record_without_the_cache(cache_root, cxx
         assert p.returncode == 0, err
         results.append(json.loads(out.strip().splitlines()[-1]))
     assert [r["value"] for r in results] == [5] * 6
-    assert [r["core"] for r in results] == [True] + [False] * 5
+    # The server took the full path; the waiters took its record without the cache. On a loaded
+    # machine a waiter may outwait the 1 s bound and take the full path too (it then hits there):
+    # correct, only slower; but with the request lock gone, every waiter would import the cache.
+    assert results[0]["core"] is True and [r["core"] for r in results[1:]].count(False) >= 3, results
     assert cxx.compiles() == 1
     hits = sum(1 for f in (cache_root / "v1" / "events").iterdir() for ln in f.read_text().splitlines()
                if '"ev":"hit"' in ln)

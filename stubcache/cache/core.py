@@ -465,7 +465,7 @@ class CacheCore:
             return lock  # published by another process while this one waited
         try:
             # A failure recorded since this request began waiting is this wait's (``since``).
-            found = self._look_again(spec, base, t_wait if since is None else min(t_wait, since))
+            found = self._look_again(spec, base, t_wait, t_wait if since is None else min(t_wait, since))
             if found is not None:
                 return found
             self._event(Event.MISS, base, name=spec.name)
@@ -512,11 +512,12 @@ class CacheCore:
             lock = locking.acquire(self.store, base, max(timeout - (time.time() - t_wait), 0.0), spec.name)
         return lock  # type: ignore[return-value]  # acquire returns None only to a 'published' probe
 
-    def _look_again(self, spec: StubSpec, base: str, t_wait: float) -> Entry | None:
+    def _look_again(self, spec: StubSpec, base: str, t_wait: float, failed_since: float) -> Entry | None:
         """Look again, holding the key's build lock: the entry if another process published it
-        while this one waited, else ``None`` (build it). A corrupt entry is quarantined (where
-        the root cannot take that, the private build is returned); a build that failed while
-        this process waited raises its :class:`BuildError` here."""
+        while this one waited (for the lock, since ``t_wait``), else ``None`` (build it). A
+        corrupt entry is quarantined (where the root cannot take that, the private build is
+        returned); a build that failed since ``failed_since`` (the lock wait's start, or earlier
+        for a request that waited for another process first) raises its :class:`BuildError`."""
         waited = time.time() - t_wait
         if waited > 0.05:
             self._event(Event.WAIT, base, waited, name=spec.name)
@@ -535,7 +536,7 @@ class CacheCore:
         failure = self.store.read_failure(base)
         # A failure recorded while we waited; a time in the future (clock skew, or a hostile
         # member) proves nothing and must not block the key.
-        failed_at = finite(failure.get("time"), t_wait, time.time() + 1.0) if failure else None
+        failed_at = finite(failure.get("time"), failed_since, time.time() + 1.0) if failure else None
         if failure and failed_at is not None:  # (failed_at is None without a failure)
             raise BuildError(
                 f"Error building extension '{spec.name}' (failed in pid {failure.get('pid')} while this "
