@@ -205,37 +205,16 @@ def test_invalid_cpp_raises_build_error_and_publishes_nothing(cache_root, cxx):
     assert cxx.compiles() == 2
 
 
-def test_waiters_get_the_build_error_without_recompiling(cache_root, cxx, tmp_path):
-    mark = tmp_path / "compiling"
-    code = """
-    import os, sys, stubcache
-    try:
-        stubcache.StubCache().get_or_build(stubcache.StubSpec('broken', os.environ['SRC']))
-    except stubcache.BuildError as e:
-        print("BuildError", "error" in e.output)
-        sys.exit(0)
-    sys.exit(1)
-    """
-    first = spawn_py(code, env={"SRC": BROKEN, "STUBCACHE_TEST_CXX_SLEEP": "2", "STUBCACHE_TEST_CXX_MARK": str(mark)})
-    wait_until(mark.exists, "the first process to start compiling", proc=first)
-    waiters = [spawn_py(code, env={"SRC": BROKEN}) for _ in range(3)]
-    for p in [first, *waiters]:
-        out, err = p.communicate(timeout=60)
-        assert p.returncode == 0, err
-        assert out.strip() == "BuildError True"
-    assert cxx.compiles() == 1
-    assert published(cache_root) == []
-
-
-def test_load_waiters_get_the_build_error_without_recompiling(cache_root, cxx, tmp_path):
-    # StubCache().load: the waiters first wait for the process serving the same request (its
+@pytest.mark.parametrize("call", ["get_or_build", "load"])
+def test_waiters_get_the_build_error_without_recompiling(cache_root, cxx, tmp_path, call):
+    # With StubCache().load the waiters first wait for the process serving the same request (its
     # request lock), then take the full path, which must still raise the failure recorded since
     # they began waiting rather than compile again.
     mark = tmp_path / "compiling"
-    code = """
+    code = f"""
     import os, sys, stubcache
     try:
-        stubcache.StubCache().load(stubcache.StubSpec('broken', os.environ['SRC']))
+        stubcache.StubCache().{call}(stubcache.StubSpec('broken', os.environ['SRC']))
     except stubcache.BuildError as e:
         print("BuildError", "error" in e.output)
         sys.exit(0)
