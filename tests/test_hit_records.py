@@ -13,7 +13,7 @@ import pytest
 
 from stubcache.dropin import compat
 from stubcache.edge import fsroot
-from stubcache.hit import hitpath
+from stubcache.hit import hitpath, requestlock
 from stubcache.key.spec import FIELDS
 
 from .conftest import run_py
@@ -377,7 +377,7 @@ def test_the_request_digest_takes_a_non_str_sys_path_entry(monkeypatch):
 
 
 def test_the_request_lock_follows_no_planted_file_and_waits_no_longer_than_its_bound(tmp_path):
-    """The request lock (``v1/state/hit-<digest>.lock``, stubcache.hit.hitpath.request_turn) in a
+    """The request lock (``v1/state/hit-<digest>.lock``, stubcache.hit.requestlock.request_turn) in a
     private root: a symlink planted there is not followed (its target outside the root is
     neither created nor written), a FIFO does not hang the caller, and a lock another process
     holds forever costs at most REQUEST_WAIT before the caller goes on (to the full path)."""
@@ -386,22 +386,22 @@ def test_the_request_lock_follows_no_planted_file_and_waits_no_longer_than_its_b
     from tests.test_locking import Holder
 
     root = tmp_path / "root"
-    first = hitpath.request_turn(str(root), "a" * 32, make_root=True)  # makes root/v1/state, 0700
+    first = requestlock.request_turn(str(root), "a" * 32, make_root=True)  # makes root/v1/state, 0700
     assert isinstance(first, int) and first >= 0
     os.close(first)
     state = root / "v1" / "state"
     outside = tmp_path / "outside"
-    os.symlink(outside, state / hitpath.request_lock_name("b" * 32))
-    assert hitpath.request_turn(str(root), "b" * 32) is None and not os.path.lexists(outside)
-    os.mkfifo(state / hitpath.request_lock_name("c" * 32))
+    os.symlink(outside, state / requestlock.request_lock_name("b" * 32))
+    assert requestlock.request_turn(str(root), "b" * 32) is None and not os.path.lexists(outside)
+    os.mkfifo(state / requestlock.request_lock_name("c" * 32))
     t0 = time.monotonic()
-    assert hitpath.request_turn(str(root), "c" * 32) is None and time.monotonic() - t0 < 5
-    holder = Holder(state / hitpath.request_lock_name("d" * 32))
+    assert requestlock.request_turn(str(root), "c" * 32) is None and time.monotonic() - t0 < 5
+    holder = Holder(state / requestlock.request_lock_name("d" * 32))
     try:
         fds = len(os.listdir("/proc/self/fd"))
         t0 = time.monotonic()
-        assert hitpath.request_turn(str(root), "d" * 32) == hitpath.WAITED
-        assert hitpath.REQUEST_WAIT <= time.monotonic() - t0 < hitpath.REQUEST_WAIT + 5
+        assert requestlock.request_turn(str(root), "d" * 32) == requestlock.WAITED
+        assert requestlock.REQUEST_WAIT <= time.monotonic() - t0 < requestlock.REQUEST_WAIT + 5
         holder.release()
         deadline = time.monotonic() + 10  # the waiting thread lets go of its descriptor once granted
         while len(os.listdir("/proc/self/fd")) > fds and time.monotonic() < deadline:

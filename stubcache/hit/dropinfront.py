@@ -88,8 +88,10 @@ def load_inline(
                 # No record: one process at a time serves this call and leaves the record; the
                 # others wait for it and take that (see StubCache.load).
                 since = time.time()
-                turn = hitpath.request_turn(root, digest)
-                if turn == hitpath.WAITED:
+                from . import requestlock
+
+                turn = requestlock.request_turn(root, digest)
+                if turn == requestlock.WAITED:
                     turn = None
                     hit = hitpath.find(root, digest)
             if hit is not None:

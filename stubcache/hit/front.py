@@ -100,8 +100,10 @@ class StubCache:
                     # record); the others wait for it and take its record (a herd's waiters
                     # then import nothing more than this).
                     since = time.time()
-                    turn = hitpath.request_turn(root, digest, make_root=True)  # a valid request: a spec
-                    if turn == hitpath.WAITED:
+                    from . import requestlock
+
+                    turn = requestlock.request_turn(root, digest, make_root=True)  # a valid request: a spec
+                    if turn == requestlock.WAITED:
                         turn = None
                         hit = hitpath.find(root, digest)
                 if hit is not None:

@@ -62,6 +62,7 @@ MANIFEST_NAME = "manifest.json"  # an entry's record (stubcache.storage.manifest
 O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 O_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 RECORD_CAP = 1 << 20
+_FS_ENCODING = sys.getfilesystemencoding()  # os.fsencode's (os.environ's names and values)
 LIBRARY_CAP = 4 << 30  # stubcache.edge.fsroot.LIBRARY_CAP
 LAST_USED_RESOLUTION = 1.0  # seconds: a hit rewrites a last-used stamp older than this
 NEVER_HIT_ATIME_NS = 0  # a pin's atime from publish until its first hit (see Store.publish)
@@ -368,13 +369,25 @@ def _still_holds(record: HitRecord) -> bool:
 
 def _unchanged(record: HitRecord) -> bool:
     data = os.environ._data  # type: ignore[attr-defined]  # (request_digest checked it exists)
-    fsencode = os.fsencode  # os.environ's own encoding of names and values
     for name, value in record.env:
-        raw = data.get(fsencode(name))
-        if (raw is None) != (value is None) or raw is not None and raw != fsencode(value):
+        # os.environ's own encoding of names and values (os.fsencode's, without its call)
+        raw = data.get(name.encode(_FS_ENCODING, "surrogateescape")) if type(name) is str else False
+        if raw is None:
+            if value is not None:
+                return False
+        elif type(value) is not str or raw != value.encode(_FS_ENCODING, "surrogateescape"):
             return False
+    stat_ = os.stat
     for path, want in record.validators:
-        if path_sig(path) != want:
+        if type(path) is not str:
+            return False
+        try:
+            st = stat_(path)
+        except OSError:
+            if want is not None:
+                return False
+            continue
+        if [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns] != want:
             return False
     for path, want in record.tracked:  # the tracked inputs, as stubcache.key.inputs checks them
         if type(path) is not str:
@@ -576,111 +589,6 @@ def load(hit: Hit) -> CDLL | None:
     if real is None:
         real = REAL_PATHS[hit.path] = os.path.realpath(hit.path)
     return _load_checked(real, os.fstat(hit.fd), hit.fd)
-
-
-# --- one process serves a request at a time (a herd's waiters take the record it leaves) -------
-
-# How long a request waits for another process that is serving it (building, usually) before it
-# takes the full path itself, which waits on the key's build lock, bounded, with the notice and
-# the terminal's status line naming the builder (stubcache.edge.progress.STATUS_AFTER after that:
-# a direct build, what a herd waits for, is done well within it).
-REQUEST_WAIT = 1.0
-WAITED = -1  # request_turn's answer: another process served the request meanwhile
-
-
-def request_lock_name(digest: str) -> str:
-    return f"hit-{digest}.lock"
-
-
-def _private_subdir(dfd: int, name: str) -> int:
-    # ``name`` below ``dfd`` opened as open_private_dir_at does, made (0700) first if missing: the
-    # layout directories of a private root, as stubcache.storage.store.Store.ensure makes them.
-    try:
-        return open_private_dir_at(dfd, name)
-    except FileNotFoundError:
-        try:
-            os.mkdir(name, 0o700, dir_fd=dfd)
-        except FileExistsError:
-            pass
-        return open_private_dir_at(dfd, name)
-
-
-def request_turn(root: str, digest: str, make_root: bool = False) -> int | None:
-    # Called when no record answers the request ``digest`` in ``root``: whose turn it is to
-    # serve it. The request's lock (``v1/state/hit-<digest>.lock``, an exclusive ``flock``) is
-    # taken without waiting: its fd is returned, held, and the caller takes the full path and
-    # closes the fd once that has left its record. If another process holds it (serving the same
-    # request, which a herd of engines starting at once does), this waits until that process
-    # lets go, at most :data:`REQUEST_WAIT` seconds, and returns :data:`WAITED`: ``find`` again,
-    # and the full path if there is still no record. ``None``: no lock here (no root and not
-    # ``make_root``, not a private root, an odd file); take the full path. A missing root (with
-    # ``make_root``: the request is known to be valid, a StubSpec) and, in a private root, a
-    # missing ``v1/state`` are made (0700), as the full path would make them.
-    #
-    # Only a shortcut: the full path's build lock is what makes builds happen once (invariant 1).
-    # A process that dies drops the lock (a kernel flock). The wait is a blocking shared ``flock``
-    # in a helper thread, so it ends the moment the holder lets go and costs nothing meanwhile;
-    # the thread owns its descriptor (nothing else can be given that number while it waits) and
-    # closes it as soon as the lock is granted, so a wait that timed out leaves nothing held.
-    import fcntl
-
-    try:
-        try:
-            rfd = os.open(root, O_DIR)
-        except FileNotFoundError:
-            if not make_root:
-                return None  # the full path makes it, once it has checked the request
-            os.makedirs(root, mode=0o700, exist_ok=True)  # as Store.ensure makes a missing root
-            rfd = os.open(root, O_DIR)
-        try:
-            if not private_ok(os.fstat(rfd)):
-                return None
-            try:
-                os.stat(CONFIG_NAME, dir_fd=rfd, follow_symlinks=False)
-                return None  # a shared (or narrowed) root: the full path reads its configuration
-            except FileNotFoundError:
-                pass
-            base_fd = _private_subdir(rfd, LAYOUT)
-        finally:
-            os.close(rfd)
-        try:
-            state_fd = _private_subdir(base_fd, "state")
-        finally:
-            os.close(base_fd)
-        try:
-            fd = os.open(request_lock_name(digest), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
-                         0o600, dir_fd=state_fd)
-        finally:
-            os.close(state_fd)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or not private_ok(st):
-            os.close(fd)
-            return None
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return fd
-    except OSError:
-        pass
-    done = threading.Event()
-
-    def wait() -> None:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)  # drops the shared lock at once
-            done.set()
-
-    try:
-        threading.Thread(target=wait, name="stubcache-request-wait", daemon=True).start()
-    except BaseException:
-        os.close(fd)
-        raise
-    done.wait(REQUEST_WAIT)
-    return WAITED
 
 
 # --- what the loader mapped (the direct way of stubcache.storage.mapped) ---------------------------------
