@@ -409,3 +409,137 @@ def test_the_request_lock_follows_no_planted_file_and_waits_no_longer_than_its_b
         assert len(os.listdir("/proc/self/fd")) <= fds
     finally:
         holder.close()
+
+
+# --- the import path: an engine's script directory ----------------------------------------------
+# An engine started as `python engine.py` (or `python -m engine`) has its own directory first on
+# sys.path, and often writes there (a log, an output). The record and the whole-fingerprint memo
+# hold across that; a torch planted there (which would be the one found) makes neither hold.
+
+ENGINE = """
+import sys, ctypes, stubcache
+spec = stubcache.StubSpec("recstub", %r)
+if sys.argv[1] == "load":  # through the record where it holds
+    value = stubcache.StubCache().load(spec).value()
+else:  # the full path: its fingerprint comes from the memo unless stubcache.key.toolchain is imported
+    value = ctypes.CDLL(stubcache.StubCache().get_or_build(spec).path).value()
+print(value, "stubcache.cache.core" not in sys.modules, "stubcache.key.toolchain" not in sys.modules)
+"""
+FAKE_TORCH = "raise SystemExit('the planted torch was imported')\n"
+
+
+def engine(script, mode: str = "load", pythonpath: str = "") -> tuple[int, bool, bool]:
+    """Run ``script`` as ``python script.py MODE``: its value, whether it took the compact path (the
+    cache never imported), and whether its fingerprint came from the memo (no toolchain probe)."""
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    path = os.pathsep.join(p for p in (pythonpath, str(REPO)) if p)
+    out = subprocess.run([sys.executable, str(script), mode], cwd=script.parent.parent, capture_output=True,
+                         text=True, timeout=300, env=dict(os.environ, PYTHONPATH=path))
+    assert out.returncode == 0, out.stderr
+    value, quick, memo = out.stdout.split()
+    return int(value), quick == "True", memo == "True"
+
+
+def engine_dir(tmp_path):
+    d = tmp_path / "engine"
+    d.mkdir()
+    script = d / "engine.py"
+    script.write_text(ENGINE % (SRC % 1,))
+    return script
+
+
+def test_an_engine_writing_into_its_script_directory_keeps_the_record_and_the_memo(cache_root, cxx, tmp_path):
+    script = engine_dir(tmp_path)
+    assert engine(script) == (1, False, False)  # the build: leaves the memo and the record
+    assert engine(script)[:2] == (1, True)
+    (script.parent / "engine.log").write_text("started\n")  # the directory's mtime changes
+    assert engine(script)[:2] == (1, True)
+    assert engine(script, "build") == (1, False, True)  # the full path: the memo held too
+    (script.parent / "out").mkdir()
+    assert engine(script)[:2] == (1, True)
+    assert cxx.compiles() == 1
+
+
+@pytest.mark.parametrize("plant", ["torch.py", "torch/", "torch<ext>", "torch.pyc"])
+def test_a_torch_planted_in_the_script_directory_stales_the_record_and_the_memo(cache_root, cxx, tmp_path, plant):
+    import importlib.machinery
+
+    script = engine_dir(tmp_path)
+    assert engine(script) == (1, False, False)
+    (script.parent / "engine.log").write_text("started\n")
+    assert engine(script)[:2] == (1, True)
+    where = script.parent / plant.replace("<ext>", importlib.machinery.EXTENSION_SUFFIXES[0])
+    if plant.endswith("/"):
+        where.mkdir()
+        (where / "__init__.py").write_text(FAKE_TORCH)
+    else:
+        where.write_text(FAKE_TORCH)  # found, never imported: the child does not import torch
+    # Neither the record nor the memo answers: the full path computes the fingerprint again
+    # (finding the planted torch; what it then builds is its business).
+    assert engine(script)[1:] == (False, False)
+    assert engine(script, "build")[1:] == (False, True)  # and its new memo holds for it
+
+
+def test_an_import_path_directory_replaced_by_a_file_stales_the_record_and_the_memo(cache_root, cxx, tmp_path):
+    import zipfile
+
+    script = engine_dir(tmp_path)
+    extra = tmp_path / "extra"  # a PYTHONPATH directory before torch's
+    extra.mkdir()
+    assert engine(script, pythonpath=str(extra)) == (1, False, False)
+    (extra / "notes.txt").write_text("x")
+    assert engine(script, pythonpath=str(extra))[:2] == (1, True)
+    for p in extra.iterdir():
+        p.unlink()
+    extra.rmdir()
+    with zipfile.ZipFile(extra, "w") as zf:  # a zip archive on sys.path: zipimport searches it
+        zf.writestr("torch.py", FAKE_TORCH)
+    assert engine(script, pythonpath=str(extra))[1:] == (False, False)
+
+
+def test_import_path_checks_keep_mtime_validators_where_a_new_file_can_change_imports(tmp_path):
+    """The rows of the import path (toolchain.import_path_checks): plain directories are shadows
+    named by the files that would hold another torch; site directories (a new .pth there can
+    add an import hook), directories with a .pth file, files (zip archives) and absent entries
+    keep their mtime validators; nothing after torch's directory is checked."""
+    from stubcache.key import toolchain
+    from stubcache.key.inputs import dir_sig
+
+    script, plain, pthdir, site, user_site, after = (tmp_path / n for n in ("script", "plain", "pthdir", "site",
+                                                                          "usersite", "after"))
+    for d in (script, plain, pthdir, site, user_site, after):
+        d.mkdir()
+    (pthdir / "extra.pth").write_text(str(plain) + "\n")
+    archive = tmp_path / "lib.zip"
+    archive.write_bytes(b"PK\x05\x06" + b"\0" * 18)
+    absent = tmp_path / "absent"
+    torch = site / "torch"
+    torch.mkdir()
+    names = toolchain.import_shadow_names([".cpython-311-x86_64-linux-gnu.so", ".abi3.so", ".so"])
+    assert {"torch", "torch.py", "torch.pyc", "torch.cpython-311-x86_64-linux-gnu.so", "torch.abi3.so",
+            "torch.so"} <= set(names)
+    for d in (script, plain):
+        os.utime(d, ns=(1, 10**18))  # an old mtime: one a later write cannot share
+    entries = [str(script), str(archive), str(pthdir), str(absent), str(user_site), str(plain), str(site), str(after)]
+    validators, shadows = toolchain.import_path_checks(entries, [str(site), str(user_site)], str(torch), names)
+    assert validators == [str(archive), str(pthdir), str(absent), str(user_site), str(site)]
+    assert shadows == {str(script): [dir_sig(str(script)), names], str(plain): [dir_sig(str(plain)), names]}
+    # A directory written just now gets no signature (a write within the same clock tick could
+    # leave the same mtime): its names are checked every time.
+    (plain / "new").write_text("")
+    assert toolchain.import_path_checks([str(plain)], [], None, names)[1] == {str(plain): [None, names]}
+    # A site directory named through a link is still one.
+    link = tmp_path / "sitelink"
+    link.symlink_to(site)
+    validators, shadows = toolchain.import_path_checks([str(site)], [str(link)], str(torch), names)
+    assert validators == [str(site)] and shadows == {}
+    # ``site`` unable to say: every entry by mtime, as before.
+    validators, shadows = toolchain.import_path_checks(entries, None, str(torch), names)
+    assert validators == entries[:7] and shadows == {}
+    # No torch found: every entry is checked (one appearing anywhere would be found).
+    validators, shadows = toolchain.import_path_checks(entries, [str(site)], None, names)
+    assert str(after) in shadows and str(site) in validators

@@ -128,10 +128,16 @@ def _unchanged_inputs(headers: dict[str, str], inputs: dict[str, Any] | None,
                     if memo.get(path) != sig:
                         return None
             tracked.append([path, sig])
-        shadows = [[d, dsig, list(names)] for d, (dsig, names) in ((inputs or {}).get("shadows") or {}).items()]
+        shadows = shadow_rows((inputs or {}).get("shadows") or {})
     except (OSError, TypeError, ValueError, AttributeError):
         return None
     return tracked, shadows
+
+
+def shadow_rows(shadows: dict[str, Any]) -> list[Any]:
+    """A ``{directory: [signature, names]}`` shadow record (an entry's shadowing headers, the
+    fingerprint memo's import path directories) as a hit record's ``shadows`` rows."""
+    return [[d, dsig, list(names)] for d, (dsig, names) in shadows.items()]
 
 
 def _require_hit_error(spec: StubSpec, base: str, root: str) -> CacheMissError:
@@ -320,8 +326,9 @@ class CacheCore:
         fp = self.fingerprint.base()
         try:
             memo = load_json(fast_memo_path(self.store.path("state"), env_from_snapshot(env_snapshot())))
-            if memo["fp"] != fp or not isinstance(memo["validators"], list):
+            if memo["fp"] != fp or not isinstance(memo["validators"], list) or not isinstance(memo["shadows"], dict):
                 return False
+            memo_shadows = shadow_rows(memo["shadows"])
             manifest_sig = hitpath.sig(os.lstat(os.path.join(self.store.entry_dir(entry.key), MANIFEST_NAME)))
         except (OSError, ValueError, KeyError, TypeError):
             return False
@@ -334,7 +341,7 @@ class CacheCore:
             key=entry.key, base=m.base_key, name=spec.name, library=m.library, sha256=m.sha256, size=m.size,
             manifest=manifest_sig, env=[[n, os.environ.get(n)] for n in KEY_ENV_VARS],
             validators=list(memo["validators"]) + [[p, hitpath.path_sig(p)] for p in code],
-            tracked=tracked[0], shadows=tracked[1])
+            tracked=tracked[0], shadows=tracked[1] + memo_shadows)
         if hitpath.HitRecord.from_dict(record.to_dict()) is None:  # a value it would refuse to read
             return False
         write_hit_record(self.root, digest, record)

@@ -404,6 +404,8 @@ def _unchanged(record: HitRecord) -> bool:
         try:
             st = os.stat(directory)
             same = [st.st_dev, st.st_ino, st.st_mtime_ns] == want
+            if not same and not stat.S_ISDIR(st.st_mode):
+                return False  # no longer a directory: a file on sys.path may be a zip archive
         except OSError:
             same = want is None
         if not same:

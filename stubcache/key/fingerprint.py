@@ -95,8 +95,14 @@ def torch_dir() -> str | None:
 # A fresh process's first hit spends most of its time here (find_spec, reading version.py,
 # realpath, two memo files). This memo stores the finished fingerprint with the stat
 # signatures of everything it was derived from, and is used only if all of them still match:
-# torch's version.py and libc10, the compiler as found on PATH and its real file, and every PATH
-# directory searched before it (a compiler added earlier on PATH changes that directory's mtime).
+# torch's version.py and libc10, the compiler as found on PATH and its real file, every PATH
+# directory searched before it (a compiler added earlier on PATH changes that directory's mtime),
+# and the import path up to torch: its site directories, files and absent entries by mtime, its
+# plain directories as shadows (unchanged, or none of the names that would hold another torch
+# there; toolchain.import_path_checks), so that an engine writing into its script directory
+# keeps the memo. MEMO_LAYOUT names the memo's form: a stubcache that checks no shadows never
+# reads one that has them.
+MEMO_LAYOUT = 2  # 2: "shadows" (plain import path directories)
 
 
 def fast_memo_path(state_dir: str, env: dict[str, Any]) -> str:
@@ -107,7 +113,7 @@ def fast_memo_path(state_dir: str, env: dict[str, Any]) -> str:
     # ...; toolchain.wrapper_config_files): its `compiler =` holds only for them.
     homes = [os.environ.get("HOME"), os.environ.get("XDG_CONFIG_HOME")]
     path = [p if type(p) is str else repr(p) for p in sys.path]  # a program may append a pathlib.Path
-    ident = cjson.dumps([FORMAT_VERSION, sys.executable, path, os.environ.get("PATH", ""), env, homes]
+    ident = cjson.dumps([FORMAT_VERSION, MEMO_LAYOUT, sys.executable, path, os.environ.get("PATH", ""), env, homes]
                         + ([wrapper_env] if wrapper_env else []), separators=(",", ":"))
     return os.path.join(state_dir, "fp-" + sha256(ident.encode("utf-8", "surrogatepass")).hexdigest()[:32]
                         + ".json")
@@ -120,6 +126,11 @@ def _fast_memo_get(state_dir: str | None, env: dict[str, Any]) -> dict[str, Any]
         data = load_json(fast_memo_path(state_dir, env))
         for path, sig in data["validators"]:
             if path_sig(path) != sig:
+                return None
+        if data["shadows"]:
+            from .inputs import still_valid
+
+            if not still_valid({}, {"shadows": data["shadows"]}):  # as an entry's shadowing headers
                 return None
         fp = data["fp"]
         return fp if fp.get("env") == env and fp.get("format") == FORMAT_VERSION else None
@@ -194,7 +205,7 @@ class Fingerprint:
             }
             if self.state_dir and not self.read_only and os.path.isdir(self.state_dir):
                 write_json(fast_memo_path(self.state_dir, env),
-                            {"fp": fp, "validators": toolchain.validators(fp, env, self.torch_dir())})
+                            {"fp": fp, **toolchain.memo_checks(fp, env, self.torch_dir())})
         self._current = (snap, fp)
         return fp
 

@@ -13,7 +13,8 @@ while its stat signature (device, inode, size, mtime, ctime) is the one recorded
 otherwise. For every tracked header, the directories searched *before* the one it was found in
 are checked too: a file with its name appearing there would shadow it. Those checks are grouped
 by directory: one ``stat`` of a directory whose mtime did not change proves that no name
-appeared in it.
+appeared in it; one that is no longer a directory does not hold. The whole-fingerprint memo
+checks the plain directories on ``sys.path`` the same way (:func:`stubcache.key.toolchain.import_path_checks`).
 
 Nothing here imports more than ``os``. The build-time half (recording what a build read, the
 compiler's search path) is :mod:`stubcache.key.tracking`, which only builds import.
@@ -155,8 +156,11 @@ def _still_valid(files: dict[str, Any], inputs: dict[str, Any] | None, memo_path
         if stable:
             learned[path] = sig
     for directory, (dsig, candidates) in ((inputs or {}).get("shadows") or {}).items():
-        if dir_sig(directory) == dsig:
+        now = dir_sig(directory)
+        if now == dsig:
             continue
+        if now is not None and not os.path.isdir(directory):
+            return False  # no longer a directory: a file on sys.path may be a zip archive
         for rel in candidates:
             if os.path.lexists(os.path.join(directory, rel)):
                 return False

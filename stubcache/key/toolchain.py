@@ -14,11 +14,12 @@ import sys
 
 from hashlib import sha256
 from ..hit.hitpath import path_sig
+from .inputs import dir_sig, recordable
 from .memofile import load_json, write_json
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
-    from typing import Any, Callable
+    from typing import Any, Callable, Sequence
 
 
 _VERSION_LINE = r"^(__version__|cuda|hip|git_version|debug)\s*(?::[^=]*)?=\s*(.+?)\s*$"
@@ -561,15 +562,87 @@ def libc() -> str:
         return "unknown"
 
 
-def validators(fp: dict[str, Any], env: dict[str, Any], tdir: str | None) -> list[Any]:
-    paths = []
-    # The import path up to torch's directory: installing a torch earlier on it changes one of
-    # these directories' mtimes.
+# The names whose appearance in a directory on the import path can change which torch is found:
+# ``torch`` as a package or namespace directory, a source, sourceless or extension module; and
+# ``sitecustomize``/``usercustomize``, which ``site`` imports from the import path at start-up
+# (an import hook installed there can redirect ``torch``).
+_SHADOW_STEMS = ("torch", "sitecustomize", "usercustomize")
+
+
+def import_shadow_names(extension_suffixes: Sequence[str]) -> list[str]:
+    """The names :data:`_SHADOW_STEMS` can take in a directory on ``sys.path``, given
+    ``importlib.machinery.EXTENSION_SUFFIXES``."""
+    return [name for stem in _SHADOW_STEMS
+            for name in (stem, stem + ".py", stem + ".pyc", *(stem + s for s in extension_suffixes))]
+
+
+def site_directories() -> list[str] | None:
+    """The directories whose ``.pth`` files ``site`` processes for this interpreter (its site and
+    user site directories), or ``None`` if ``site`` cannot say (then every import path entry is
+    checked by mtime). Imports ``site`` (already imported unless Python runs with ``-S``)."""
+    try:
+        import site
+
+        dirs = [*site.getsitepackages(), site.getusersitepackages()]
+    except (AttributeError, TypeError, OSError):  # an old virtualenv's own site.py lacks them
+        return None
+    return [d for d in dirs if type(d) is str]
+
+
+def import_path_checks(entries: Sequence[object], sites: Sequence[str] | None, tdir: str | None,
+                       names: Sequence[str]) -> tuple[list[str], dict[str, list[Any]]]:
+    """How the whole-fingerprint memo (and a hit record through it) checks that ``tdir`` is still
+    the torch found on the import path ``entries`` (``sys.path``): each entry up to the one
+    holding torch, as one of
+
+    - a *shadow* ``{directory: [signature, names]}`` (the shape of an entry's shadowing headers,
+      checked by :func:`stubcache.key.inputs.still_valid` and by the hit record): a plain
+      directory, where ``site`` processes no ``.pth`` file. It holds at the cost of one ``stat``
+      while the directory is unchanged, and once it changed (an engine writing a log into its
+      script directory) while none of ``names`` exists there and it is still a directory;
+    - a *validator* (a path checked by its stat signature, mtime included): a site directory of
+      ``sites`` (a new ``.pth`` there can add an import hook), a directory holding a ``.pth``
+      file now (``site.addsitedir`` may have been called on it), a file (a zip archive), an
+      absent entry (it may appear as either), an entry that is not a ``str``; every entry if
+      ``sites`` is ``None``.
+
+    Stats the entries; depends on nothing else."""
+    known: set[str] = set()
+    for d in sites or ():
+        known.update((os.path.abspath(d), os.path.realpath(d)))
     parent = os.path.dirname(tdir) if tdir else None
-    for entry in sys.path:
-        paths.append(os.path.abspath(entry or "."))
-        if parent and os.path.abspath(entry or ".") == parent:
+    validators: list[str] = []
+    shadows: dict[str, list[Any]] = {}
+    for entry in entries:
+        path = os.path.abspath(entry or ".")  # type: ignore[call-overload]  # what sys.path holds
+        if (type(path) is str and sites is not None and path not in known
+                and os.path.realpath(path) not in known and _plain_directory(path)):
+            shadows[path] = [recordable(dir_sig(path)), list(names)]
+        else:
+            validators.append(path)
+        if parent and path == parent:
             break
+    return validators, shadows
+
+
+def _plain_directory(path: str) -> bool:
+    # A directory holding no .pth file now.
+    try:
+        with os.scandir(path) as it:
+            return not any(e.name.endswith(".pth") for e in it)
+    except OSError:  # not a directory, absent, unreadable
+        return False
+
+
+def memo_checks(fp: dict[str, Any], env: dict[str, Any], tdir: str | None) -> dict[str, Any]:
+    """What the whole-fingerprint memo ``fp`` (for the key variables ``env`` and the torch in
+    ``tdir``) holds under: ``validators`` (path, stat signature) and ``shadows`` (see
+    :func:`import_path_checks`)."""
+    import importlib.machinery
+
+    # The import path up to torch's directory: a torch installed earlier on it must be noticed.
+    paths, shadows = import_path_checks(sys.path, site_directories(), tdir,
+                                        import_shadow_names(importlib.machinery.EXTENSION_SUFFIXES))
     if tdir:
         paths += [os.path.join(tdir, "version.py"), os.path.join(tdir, "lib", "libc10.so")]
     words = env.get("CXX", "c++").split() or ["c++"]
@@ -590,7 +663,7 @@ def validators(fp: dict[str, Any], env: dict[str, Any], tdir: str | None) -> lis
     for tool in (fp["cxx"].get("real") or {}).values():
         if isinstance(tool, dict) and tool.get("path"):
             paths.append(tool["path"])  # the compiler behind a wrapper, its assembler and linker
-    return [[p, path_sig(p)] for p in paths]
+    return {"validators": [[p, path_sig(p)] for p in paths], "shadows": shadows}
 
 
 def python_facts() -> dict[str, Any]:
