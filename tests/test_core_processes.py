@@ -348,3 +348,43 @@ def test_a_slow_build_does_not_block_other_keys_in_the_process(cache_root, cxx, 
     assert cache.load_entry(ready).value() == 1
     assert slow.is_alive()  # the hit and the load finished while the slow build was running
     slow.join()
+
+
+BUILD_LOCK_CHILD = """
+import json, sys, stubcache
+lib = stubcache.StubCache().load(stubcache.StubSpec("lockpath", sys.argv[1]))
+print(json.dumps({"value": lib.value(), "filelock": "filelock" in sys.modules}))
+"""
+
+
+def test_a_free_build_lock_is_taken_without_filelock_a_held_one_is_waited_for_through_it(cache_root, cxx):
+    """A lone miss takes the per-key build lock with one raw flock (filelock's import is a large
+    part of a cold build's own cost); a miss that finds it held by another process waits for it
+    through filelock and builds once the holder lets go (the same kernel lock either way)."""
+    proc = subprocess.run([sys.executable, "-c", BUILD_LOCK_CHILD, value_src(41)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"value": 41, "filelock": False}
+    # A second key, its build lock held by a real process until the test lets go.
+    spec = StubSpec("lockpath", value_src(42))
+    cache = StubCache()
+    lock = cache.store.lock_path(cache.key(spec))
+    cache.store.ensure()
+    holder = spawn_py("""
+        import fcntl, os, sys, time
+        fd = os.open(os.environ["LOCK"], os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        print("held", flush=True)
+        time.sleep(600)  # until the test kills it
+    """, env={"LOCK": str(lock)})
+    assert holder.stdout.readline().strip() == "held"
+    waiter = subprocess.Popen([sys.executable, "-c", BUILD_LOCK_CHILD, value_src(42)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    real = os.path.realpath(lock)
+    wait_until(lambda: real in open_files(waiter.pid), "the waiter opening the held build lock", proc=waiter)
+    assert cxx.compiles() == 1  # the first key's; the second waits
+    holder.kill()
+    out, err = waiter.communicate(timeout=300)
+    assert waiter.returncode == 0, err
+    assert json.loads(out) == {"value": 42, "filelock": True}
+    assert cxx.compiles() == 2

@@ -456,9 +456,6 @@ class CacheCore:
             raise _require_hit_error(spec, base, self.root)
         # One bound for the whole start: time already spent waiting for a pin counts against it.
         timeout = max(self._lock_timeout_s() - (time.time() - t_start), 0.0)
-        from ..storage import locking
-
-        locking.load_build_lock()  # importing filelock (tens of ms) is not waiting for another build
         t_wait = time.time()
         try:
             lock = self._wait(spec, base, timeout, t_wait)

@@ -8,10 +8,12 @@ wait in stubcache is unbounded: a stopped holder or a hostile group member costs
 bound), one probe (:func:`flock_held_at`) and one way to name a holder (:func:`describe_holders`,
 from ``/proc/locks``). :func:`acquire` is the per-key build lock built from them.
 
-The per-key build lock is taken through ``filelock`` (the ecosystem's lock library; torch >= 2.14
+The per-key build lock is waited for through ``filelock`` (the ecosystem's lock library; torch >= 2.14
 takes its own JIT lock with it): :func:`try_build_lock` is ``filelock.lock_descriptor`` on a
 descriptor this module opened safely, one non-blocking attempt at a time inside the same bounded
-wait. filelock is imported on a miss only (~17-60 ms); the hit path's shared pin and the admin
+wait. A free lock (a lone miss) is taken with one raw attempt on the same descriptor, and filelock
+is imported only when there is a holder to wait for (~4-12 ms in an engine, ~17-60 ms in a bare
+process: a large part of a cold build's own cost); the hit path's shared pin and the admin
 commands' probes stay raw ``fcntl.flock`` calls on the same kernel lock (filelock has no shared
 lock on a descriptor). docs/cache.md, "Locks and atomic writes", has the measurements.
 
@@ -116,8 +118,8 @@ def try_flock(fd: int, op: int = EX) -> bool:
 
 
 def load_build_lock() -> None:
-    """Import what :func:`try_build_lock` uses (filelock) now, so that the time a miss spends
-    waiting for another process's build is measured without it."""
+    """Import what :func:`try_build_lock` uses (filelock) now: once a build lock is found held,
+    before its bounded wait starts."""
     import filelock  # noqa: F401
 
 
@@ -351,8 +353,9 @@ def acquire(store: "Store", base: str, timeout: float, name: str,
     """Acquire the build lock of ``base`` (``locks/<base>.lock``); returns a held :class:`Lock`.
     Invariants 1, 4 and 11 of docs/design.md rest on it.
 
-    An exclusive ``flock`` on that file taken through filelock (:func:`try_build_lock`), waited
-    for at most ``timeout`` seconds with :func:`wait_flock`, re-tried every 2-10 ms. Logs once,
+    An exclusive ``flock`` on that file: taken at once if free (one raw :func:`try_flock`), else
+    through filelock (:func:`try_build_lock`), waited for at most ``timeout`` seconds with
+    :func:`wait_flock`, re-tried every 2-10 ms. Logs once,
     after a few seconds, which process holds the build; raises :class:`LockTimeoutError` after
     ``timeout``.
 
@@ -382,6 +385,12 @@ def acquire(store: "Store", base: str, timeout: float, name: str,
                 return True
             return False
 
+        # A lone miss (the usual one): one raw non-blocking attempt, the very kernel lock filelock
+        # takes; filelock (~4-12 ms of imports in an engine process, tens in a bare one: a large
+        # part of a cold build's own cost) only once there is a holder to wait for.
+        if try_flock(fd, EX):
+            return Lock(fd)
+        load_build_lock()
         if wait_flock(fd, EX, timeout, max_delay=0.01, until=until if published is not None else None,
                       notice=notice, attempt=try_build_lock):
             return Lock(fd)
