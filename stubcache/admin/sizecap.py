@@ -141,23 +141,6 @@ def entries_size(store: Store) -> int:
     return total
 
 
-START_DELAY = 0.5  # seconds the helper thread waits: a starting herd loads first
-
-
-def start_after_publish(store: Store) -> None:
-    """Run :func:`after_publish` on a helper thread, after ``START_DELAY``, so that the process
-    that built the stub (and the herd that waited for it) load without competing with the prune
-    for the CPU or the GIL. The thread is not a daemon, so a process that exits at once still
-    finishes (at most the delay and the time box) rather than stopping mid-way."""
-    import threading
-
-    def run() -> None:
-        time.sleep(START_DELAY)
-        after_publish(store)
-
-    threading.Thread(target=run, name="stubcache-sizecap").start()
-
-
 AGEOUT_INTERVAL = 86400.0  # toolchain age-out below the cap: at most once a day per root
 
 

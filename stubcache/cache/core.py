@@ -140,6 +140,26 @@ def shadow_rows(shadows: dict[str, Any]) -> list[Any]:
     return [[d, dsig, list(names)] for d, (dsig, names) in shadows.items()]
 
 
+SIZE_CAP_DELAY = 0.5  # seconds the size cap's helper thread waits: a starting herd loads first
+
+
+def start_size_cap(store: Store) -> None:
+    """Run :func:`stubcache.admin.sizecap.after_publish` on a helper thread, after
+    ``SIZE_CAP_DELAY``, so that the process that built the stub (and the herd that waited for it)
+    load without competing with the prune for the CPU or the GIL; the size cap's module is imported
+    there too (its import is ~1.5 ms of a cold build otherwise). The thread is not a daemon, so a
+    process that exits at once still finishes (at most the delay and the time box) rather than
+    stopping mid-way."""
+
+    def run() -> None:
+        time.sleep(SIZE_CAP_DELAY)
+        from ..admin import sizecap
+
+        sizecap.after_publish(store)
+
+    threading.Thread(target=run, name="stubcache-sizecap").start()
+
+
 def _require_hit_error(spec: StubSpec, base: str, root: str) -> CacheMissError:
     return CacheMissError(
         f"STUBCACHE_REQUIRE_HIT is set and {spec!r} (key {base}) is in neither the cache at "
@@ -250,9 +270,7 @@ class CacheCore:
             entry = self._get_or_build(spec, base, since)
         if self._cap_pending:  # after a publish, with every lock released; never after a hit
             self._cap_pending = False
-            from ..admin import sizecap
-
-            sizecap.start_after_publish(self.store)
+            start_size_cap(self.store)
         if not spec.tracks_headers:
             self._memo[base] = entry  # private builds too: one per process is enough
         return entry
