@@ -90,8 +90,6 @@ def direct_command(spec: StubSpec, source: str, output: str, depfile: str,
     With ``build_dir``, that directory is mapped to ``.`` in everything the library records."""
     if compiler is None:
         compiler = buildinputs.compiler_facts()
-    import sysconfig
-
     prefix_map = buildinputs.prefix_map_flags(build_dir) if build_dir else []
     cmd = [*buildinputs.compiler_command(), *prefix_map, "-MD", "-MF", depfile, *buildinputs.assembler_dep_flags(compiler),
            f"-DTORCH_EXTENSION_NAME={spec.name}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
@@ -100,7 +98,7 @@ def direct_command(spec: StubSpec, source: str, output: str, depfile: str,
     tdir = torch_dir()
     if tdir:
         system += [os.path.join(tdir, "include"), os.path.join(tdir, "include", "torch", "csrc", "api", "include")]
-    system.append(sysconfig.get_path("include", scheme="posix_prefix"))
+    system.append(buildinputs.python_include())
     for d in system:
         # gcc fails on an include dir it cannot search; a stub that mentions no torch/Python
         # header does not need these, so leave out what this user cannot read.

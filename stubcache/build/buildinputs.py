@@ -102,6 +102,19 @@ def _ninja_unescape(text: str) -> str:
     return text.replace("$ ", " ").replace("$:", ":").replace("$$", "$")
 
 
+_python_include: list[str] = []
+
+
+def python_include() -> str:
+    """This Python's header directory (``sysconfig``'s ``posix_prefix`` include path, as torch
+    passes it), looked up once per process: each lookup expands sysconfig's path templates again."""
+    if not _python_include:
+        import sysconfig
+
+        _python_include.append(sysconfig.get_path("include", scheme="posix_prefix"))
+    return _python_include[0]
+
+
 def _compile_flags(spec: StubSpec, build_dir: str) -> list[str]:
     """The flags the compile step used, read back from torch's ``build.ninja`` when there is one."""
     flags: list[str] = []
@@ -111,14 +124,12 @@ def _compile_flags(spec: StubSpec, build_dir: str) -> list[str]:
                 if line.startswith(("cflags =", "post_cflags =")):
                     flags += shlex.split(_ninja_unescape(line.split("=", 1)[1].strip()))
     except OSError:
-        import sysconfig
-
         flags = [f"-I{p}" for p in spec.extra_include_paths]
         tdir = torch_dir()
         if tdir:
             flags += ["-isystem", os.path.join(tdir, "include"),
                       "-isystem", os.path.join(tdir, "include", "torch", "csrc", "api", "include")]
-        flags += ["-isystem", sysconfig.get_path("include", scheme="posix_prefix"), "-std=c++20",
+        flags += ["-isystem", python_include(), "-std=c++20",
                   *spec.extra_cflags]
         # The direct path compiles and links in one command: ldflags' -I dirs search too.
         flags += scan(spec.extra_ldflags).search
@@ -143,8 +154,6 @@ def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: 
             probe.kill()
             probe.communicate()  # reaps it and closes its pipe (a leaked pipe per failed build)
         return tracking.Tracked({}, {}, [])
-    import sysconfig
-
     cmd = compiler_command()
     try:
         if probe is None:
@@ -155,7 +164,7 @@ def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: 
     facts = compiler if compiler is not None else compiler_facts()
     ran = compiler_that_ran(search, facts, bool(spec.tool_flags))
     pinned = tracking.pinned_prefixes([*(facts.get("own_dirs") or []), *(facts.get("stdlib_dirs") or [])],
-                                    torch_dir(), sysconfig.get_path("include", scheme="posix_prefix"))
+                                    torch_dir(), python_include())
     if spec.effective_with_cuda:
         home = _cuda_home()
         if home:  # the CUDA toolkit is pinned by the nvcc identity in the fingerprint

@@ -27,22 +27,62 @@ if TYPE_CHECKING:
 _loader: list[str | None] = []  # [path or None], found once per process
 
 
+def _interpreter(exe: str) -> str | None:
+    """The program interpreter (``PT_INTERP``) named by the ELF64 little-endian executable
+    ``exe``, or None: the loader the kernel started this process with (reading it costs a few
+    small reads; ``/proc/self/maps`` of an engine process holds thousands of lines)."""
+    try:
+        with open(exe, "rb") as fh:
+            head = fh.read(64)
+            if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+                return None
+            phoff = int.from_bytes(head[32:40], "little")
+            phentsize = int.from_bytes(head[54:56], "little")
+            phnum = int.from_bytes(head[56:58], "little")
+            if phentsize < 56 or not 0 < phnum < 256:
+                return None
+            fh.seek(phoff)
+            table = fh.read(phentsize * phnum)
+            for i in range(0, len(table) - 55, phentsize):
+                if int.from_bytes(table[i:i + 4], "little") == 3:  # PT_INTERP
+                    offset = int.from_bytes(table[i + 8:i + 16], "little")
+                    size = int.from_bytes(table[i + 32:i + 40], "little")
+                    if not 1 < size < 4096:
+                        return None
+                    fh.seek(offset)
+                    path = os.fsdecode(fh.read(size).split(b"\0", 1)[0])
+                    return path if path.startswith("/") and os.path.isfile(path) else None
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _glibc_loader(path: str | None) -> bool:
+    return path is not None and os.path.basename(path).startswith(("ld-linux", "ld64.so"))
+
+
 def dynamic_loader() -> str | None:
-    """This process's glibc dynamic loader (``ld-linux-x86-64.so.2`` …), or None (musl, other OS)."""
+    """This process's glibc dynamic loader (``ld-linux-x86-64.so.2`` …), or None (musl, other OS):
+    the interpreter of ``/proc/self/exe``, else (a program started through the loader itself has
+    none of its own) the loader mapped here."""
     if not _loader:
-        found = None
-        try:
-            with open("/proc/self/maps", encoding="utf-8", errors="surrogateescape") as fh:
-                for line in fh:
-                    path = line.rstrip("\n").split(None, 5)[-1] if line.count(" ") >= 5 else ""
-                    base = os.path.basename(path)
-                    if path.startswith("/") and base.startswith(("ld-linux", "ld64.so")) and os.path.isfile(path):
-                        found = path
-                        break
-        except OSError:
-            pass
-        _loader.append(found)
+        found = _interpreter("/proc/self/exe")
+        if found is None:
+            found = _mapped_loader()
+        _loader.append(found if _glibc_loader(found) else None)
     return _loader[0]
+
+
+def _mapped_loader() -> str | None:
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="surrogateescape") as fh:
+            for line in fh:
+                path = line.rstrip("\n").split(None, 5)[-1] if line.count(" ") >= 5 else ""
+                if path.startswith("/") and _glibc_loader(path) and os.path.isfile(path):
+                    return path
+    except OSError:
+        pass
+    return None
 
 
 def unresolved_symbols(library: str, extra_dirs: Sequence[str] = ()) -> list[str] | None:

@@ -1,0 +1,46 @@
+"""Which dynamic loader the build's load check asks (stubcache.build.loadcheck): the one this
+process was started with, found from the executable's ELF interpreter or, for a process started
+through the loader itself, from its own mappings; both name the same file."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from stubcache.build import loadcheck
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's loader: Linux")
+
+
+def test_the_executables_interpreter_is_the_loader_mapped_here():
+    found = loadcheck._interpreter("/proc/self/exe")
+    mapped = loadcheck._mapped_loader()
+    if mapped is None:
+        pytest.skip("no glibc loader mapped in this process (musl?)")
+    assert found is not None and os.path.realpath(found) == os.path.realpath(mapped)
+    assert os.path.realpath(loadcheck.dynamic_loader() or "") == os.path.realpath(mapped)
+
+
+def test_a_file_that_is_not_an_elf_executable_names_no_interpreter(tmp_path):
+    for content in (b"", b"#!/bin/sh\n", b"\x7fELF" + b"\0" * 100, os.urandom(4096)):
+        (tmp_path / "x").write_bytes(content)
+        assert loadcheck._interpreter(str(tmp_path / "x")) is None
+    assert loadcheck._interpreter(str(tmp_path / "missing")) is None
+    assert loadcheck._interpreter(str(tmp_path)) is None  # a directory
+
+
+def test_a_process_started_through_the_loader_finds_it_in_its_mappings():
+    mapped = loadcheck._mapped_loader()
+    if mapped is None:
+        pytest.skip("no glibc loader mapped in this process (musl?)")
+    code = ("from stubcache.build import loadcheck; "
+            "print(loadcheck._interpreter('/proc/self/exe')); print(loadcheck.dynamic_loader())")
+    out = subprocess.run([mapped, sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert out.returncode == 0, out.stderr
+    own, loader = out.stdout.split()
+    assert own == "None"  # the loader has no interpreter of its own
+    assert os.path.realpath(loader) == os.path.realpath(mapped)
