@@ -415,14 +415,28 @@ def _unchanged(record: HitRecord) -> bool:
     return True
 
 
-def find(root: str, digest: str) -> Hit | None:
-    # The entry the record ``digest`` in ``root`` names, after every check the full path makes
-    # on a hit (see the module docstring), pinned and counted as a hit; ``None`` if anything is
-    # not as expected (the caller takes the full path). The library is not loaded here.
+def open_private_subdir(dfd: int, name: str, make: bool = False) -> int:
+    # ``name`` below ``dfd`` opened as open_private_dir_at does; with ``make``, made (0700) first if
+    # missing: the layout directories of a private root, as stubcache.storage.store.Store.ensure
+    # makes them.
     try:
-        rfd = os.open(root, O_DIR)
-    except OSError:
-        return None
+        return open_private_dir_at(dfd, name)
+    except FileNotFoundError:
+        if not make:
+            raise
+        try:
+            os.mkdir(name, 0o700, dir_fd=dfd)
+        except FileExistsError:
+            pass
+        return open_private_dir_at(dfd, name)
+
+
+def open_layout(root: str, make: bool = False) -> int | None:
+    # ``root``'s layout directory (``v1/``, made if missing with ``make``) opened under the private
+    # rule, where the compact path may act: a root that passes the private rule and has no
+    # configuration; ``None`` for any other root (the full path reads its configuration). Raises
+    # OSError (FileNotFoundError: no root, or no ``v1/`` without ``make``).
+    rfd = os.open(root, O_DIR)
     try:
         if not private_ok(os.fstat(rfd)):
             return None
@@ -431,11 +445,32 @@ def find(root: str, digest: str) -> Hit | None:
             return None  # a root with a configuration (shared, or narrowed): the full path reads it
         except FileNotFoundError:
             pass
-        base_fd = open_private_dir_at(rfd, LAYOUT)
-    except OSError:
-        return None
+        return open_private_subdir(rfd, LAYOUT, make)
     finally:
         os.close(rfd)
+
+
+def open_state(root: str, make: bool = False) -> int | None:
+    # ``root``'s ``v1/state/`` (made if missing with ``make``), as :func:`open_layout` opens ``v1/``.
+    base_fd = open_layout(root, make)
+    if base_fd is None:
+        return None
+    try:
+        return open_private_subdir(base_fd, "state", make)
+    finally:
+        os.close(base_fd)
+
+
+def find(root: str, digest: str) -> Hit | None:
+    # The entry the record ``digest`` in ``root`` names, after every check the full path makes
+    # on a hit (see the module docstring), pinned and counted as a hit; ``None`` if anything is
+    # not as expected (the caller takes the full path). The library is not loaded here.
+    try:
+        base_fd = open_layout(root)
+    except OSError:
+        return None
+    if base_fd is None:
+        return None
     try:
         return _find_in(os.path.join(root, LAYOUT), base_fd, digest)
     except OSError:

@@ -9,7 +9,7 @@ import os
 import stat
 import threading
 
-from .hitpath import CONFIG_NAME, LAYOUT, O_DIR, open_private_dir_at, private_ok
+from .hitpath import open_state, private_ok
 
 # How long a request waits for another process that is serving it (building, usually) before it
 # takes the full path itself, which waits on the key's build lock, bounded, with the notice and
@@ -21,19 +21,6 @@ WAITED = -1  # request_turn's answer: another process served the request meanwhi
 
 def request_lock_name(digest: str) -> str:
     return f"hit-{digest}.lock"
-
-
-def _private_subdir(dfd: int, name: str) -> int:
-    # ``name`` below ``dfd`` opened as open_private_dir_at does, made (0700) first if missing: the
-    # layout directories of a private root, as stubcache.storage.store.Store.ensure makes them.
-    try:
-        return open_private_dir_at(dfd, name)
-    except FileNotFoundError:
-        try:
-            os.mkdir(name, 0o700, dir_fd=dfd)
-        except FileExistsError:
-            pass
-        return open_private_dir_at(dfd, name)
 
 
 def request_turn(root: str, digest: str, make_root: bool = False) -> int | None:
@@ -57,27 +44,14 @@ def request_turn(root: str, digest: str, make_root: bool = False) -> int | None:
 
     try:
         try:
-            rfd = os.open(root, O_DIR)
+            state_fd = open_state(root, make=True)
         except FileNotFoundError:
             if not make_root:
                 return None  # the full path makes it, once it has checked the request
             os.makedirs(root, mode=0o700, exist_ok=True)  # as Store.ensure makes a missing root
-            rfd = os.open(root, O_DIR)
-        try:
-            if not private_ok(os.fstat(rfd)):
-                return None
-            try:
-                os.stat(CONFIG_NAME, dir_fd=rfd, follow_symlinks=False)
-                return None  # a shared (or narrowed) root: the full path reads its configuration
-            except FileNotFoundError:
-                pass
-            base_fd = _private_subdir(rfd, LAYOUT)
-        finally:
-            os.close(rfd)
-        try:
-            state_fd = _private_subdir(base_fd, "state")
-        finally:
-            os.close(base_fd)
+            state_fd = open_state(root, make=True)
+        if state_fd is None:
+            return None  # a shared (or narrowed) root: the full path reads its configuration
         try:
             fd = os.open(request_lock_name(digest), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
                          0o600, dir_fd=state_fd)

@@ -33,7 +33,7 @@ from ..hit.hitpath import LAST_USED_RESOLUTION as LAST_USED_RESOLUTION
 from ..hit.hitpath import LAYOUT as LAYOUT
 from ..hit.hitpath import NEVER_HIT_ATIME_NS as NEVER_HIT_ATIME_NS
 from ..hit.hitpath import touch as _touch_pin
-from ..hit.hitpath import HitRecord, O_DIR, open_private_dir_at, record_name
+from ..hit.hitpath import HitRecord, open_state, record_name
 from .manifest import MANIFEST_NAME, Manifest
 from .trust import TrustPolicy
 
@@ -584,15 +584,9 @@ def write_hit_record(root: str, digest: str, record: HitRecord) -> None:
     for :mod:`stubcache.hit.hitpath` to read. Best-effort: a root that cannot take it just keeps
     taking the full path."""
     try:
-        fd = os.open(root, O_DIR)
-        try:
-            base_fd = open_private_dir_at(fd, LAYOUT)
-        finally:
-            os.close(fd)
-        try:
-            state_fd = open_private_dir_at(base_fd, "state")
-        finally:
-            os.close(base_fd)
+        state_fd = open_state(root)
+        if state_fd is None:
+            return  # not a root the compact path acts in
         try:
             locking.write_file(state_fd, record_name(digest), json.dumps(record.to_dict()).encode(), mode=0o600)
         finally:
