@@ -505,7 +505,9 @@ def test_import_path_checks_keep_mtime_validators_where_a_new_file_can_change_im
     """The rows of the import path (toolchain.import_path_checks): plain directories are shadows
     named by the files that would hold another torch; site directories (a new .pth there can
     add an import hook), directories with a .pth file, files (zip archives) and absent entries
-    keep their mtime validators; nothing after torch's directory is checked."""
+    keep their mtime validators; every directory row also watches for a .pth file appearing;
+    after torch's directory only what start-up processes is watched; a watched name that exists
+    already is a validator itself; a relative entry is recorded as given."""
     from stubcache.key import toolchain
     from stubcache.key.inputs import dir_sig
 
@@ -525,13 +527,34 @@ def test_import_path_checks_keep_mtime_validators_where_a_new_file_can_change_im
     for d in (script, plain):
         os.utime(d, ns=(1, 10**18))  # an old mtime: one a later write cannot share
     entries = [str(script), str(archive), str(pthdir), str(absent), str(user_site), str(plain), str(site), str(after)]
+    os.utime(after, ns=(1, 10**18))
     validators, shadows = toolchain.import_path_checks(entries, [str(site), str(user_site)], str(torch), names)
     assert validators == [str(archive), str(pthdir), str(absent), str(user_site), str(site)]
-    assert shadows == {str(script): [dir_sig(str(script)), names], str(plain): [dir_sig(str(plain)), names]}
+    watched = [*names, hitpath.ANY_PTH]
+    startup = [n for n in names if n.startswith(("sitecustomize", "usercustomize"))]
+    assert startup and not any(n.startswith("torch") for n in startup)
+    assert shadows == {str(script): [dir_sig(str(script)), watched], str(plain): [dir_sig(str(plain)), watched],
+                       str(after): [dir_sig(str(after)), [*startup, hitpath.ANY_PTH]]}
+    # A namespace torch/ (it loses to the installed package) and a sitecustomize.py already there:
+    # each can change without its directory changing (an __init__.py placed inside).
+    (plain / "torch").mkdir()
+    (after / "sitecustomize.py").write_text("")
+    validators = toolchain.import_path_checks(entries, [str(site), str(user_site)], str(torch), names)[0]
+    assert str(plain / "torch") in validators and str(after / "sitecustomize.py") in validators
+    assert str(torch) not in validators  # torch's own directory: its version.py is the memo's validator
+    (plain / "torch").rmdir()
+    (after / "sitecustomize.py").unlink()
+    # '' (python -c, a REPL) is the working directory of whichever process checks the row.
+    cwd = os.getcwd()
+    try:
+        os.chdir(plain)
+        assert "." in toolchain.import_path_checks(["", str(site)], [str(site)], str(torch), names)[1]
+    finally:
+        os.chdir(cwd)
     # A directory written just now gets no signature (a write within the same clock tick could
     # leave the same mtime): its names are checked every time.
     (plain / "new").write_text("")
-    assert toolchain.import_path_checks([str(plain)], [], None, names)[1] == {str(plain): [None, names]}
+    assert toolchain.import_path_checks([str(plain)], [], None, names)[1] == {str(plain): [None, watched]}
     # A site directory named through a link is still one.
     link = tmp_path / "sitelink"
     link.symlink_to(site)
@@ -539,7 +562,7 @@ def test_import_path_checks_keep_mtime_validators_where_a_new_file_can_change_im
     assert validators == [str(site)] and shadows == {}
     # ``site`` unable to say: every entry by mtime, as before.
     validators, shadows = toolchain.import_path_checks(entries, None, str(torch), names)
-    assert validators == entries[:7] and shadows == {}
+    assert validators == entries and shadows == {}
     # No torch found: every entry is checked (one appearing anywhere would be found).
     validators, shadows = toolchain.import_path_checks(entries, [str(site)], None, names)
     assert str(after) in shadows and str(site) in validators

@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 LAYOUT = "v1"  # the layout directory under a root (stubcache.storage.store imports it from here)
-RECORD_FORMAT = 2  # 2: the key's modules moved into layer folders (their validators name the new files)
+RECORD_FORMAT = 3  # 3: shadow rows may name ANY_PTH; 2: the key's modules moved into layer folders
 DROPIN_MARK = "__stubcache_dropin__"  # an attribute set on the drop-ins (stubcache.build.torchjit)
 CONFIG_NAME = "stubcache-root.json"  # a root's own configuration (stubcache.storage.trust imports it from here)
 MANIFEST_NAME = "manifest.json"  # an entry's record (stubcache.storage.manifest imports it from here)
@@ -408,11 +408,32 @@ def _unchanged(record: HitRecord) -> bool:
                 return False  # no longer a directory: a file on sys.path may be a zip archive
         except OSError:
             same = want is None
-        if not same:
-            for rel in names:
-                if type(rel) is not str or os.path.lexists(os.path.join(directory, rel)):
-                    return False
+        if not same and appeared(directory, names):
+            return False
     return True
+
+
+ANY_PTH = "*.pth"  # a shadow row's name for any file ending in .pth (site.addsitedir processes them)
+
+
+def appeared(directory: str, names: list[Any]) -> bool:
+    # Whether any of a shadow row's ``names`` exists in ``directory`` now (asked once the
+    # directory changed): a name, or for :data:`ANY_PTH` any ``.pth`` file; True for a name that
+    # is not a str and for a directory that cannot be listed for :data:`ANY_PTH`.
+    for rel in names:
+        if type(rel) is not str:
+            return True
+        if rel == ANY_PTH:
+            try:
+                if any(n.endswith(".pth") for n in os.listdir(directory)):
+                    return True
+            except (FileNotFoundError, NotADirectoryError):
+                pass
+            except OSError:
+                return True
+        elif os.path.lexists(os.path.join(directory, rel)):
+            return True
+    return False
 
 
 def open_private_subdir(dfd: int, name: str, make: bool = False) -> int:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import time
 
+from ..hit.hitpath import appeared
 from ..storage.store import file_sha256
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
@@ -161,9 +162,8 @@ def _still_valid(files: dict[str, Any], inputs: dict[str, Any] | None, memo_path
             continue
         if now is not None and not os.path.isdir(directory):
             return False  # no longer a directory: a file on sys.path may be a zip archive
-        for rel in candidates:
-            if os.path.lexists(os.path.join(directory, rel)):
-                return False
+        if appeared(directory, candidates):
+            return False
     if learned and memo_path:
         from .memofile import write_json
 

@@ -13,7 +13,7 @@ import os
 import sys
 
 from hashlib import sha256
-from ..hit.hitpath import path_sig
+from ..hit.hitpath import ANY_PTH, path_sig
 from .inputs import dir_sig, recordable
 from .memofile import load_json, write_json
 
@@ -567,6 +567,7 @@ def libc() -> str:
 # ``sitecustomize``/``usercustomize``, which ``site`` imports from the import path at start-up
 # (an import hook installed there can redirect ``torch``).
 _SHADOW_STEMS = ("torch", "sitecustomize", "usercustomize")
+_STARTUP_STEMS = ("sitecustomize", "usercustomize")  # what start-up imports from anywhere on the path
 
 
 def import_shadow_names(extension_suffixes: Sequence[str]) -> list[str]:
@@ -606,24 +607,43 @@ def import_path_checks(entries: Sequence[object], sites: Sequence[str] | None, t
       absent entry (it may appear as either), an entry that is not a ``str``; every entry if
       ``sites`` is ``None``.
 
+    Every directory row also watches for a ``.pth`` file appearing (:data:`~stubcache.hit.hitpath.ANY_PTH`:
+    ``site.addsitedir`` may be called on any directory). The entries after torch's are checked
+    too, for what start-up processes (``.pth`` files, ``sitecustomize``/``usercustomize``). A
+    name that exists already (a namespace ``torch/`` that loses to the installed package, a
+    ``sitecustomize.py``) is a validator itself: it can change without its directory changing.
+    A relative entry (``''`` under ``python -c``) is recorded as given (``''`` as ``.``), so it is
+    checked where the checking process stands.
+
     Stats the entries; depends on nothing else."""
     known: set[str] = set()
     for d in sites or ():
         known.update((os.path.abspath(d), os.path.realpath(d)))
     parent = os.path.dirname(tdir) if tdir else None
+    own = os.path.realpath(tdir) if tdir else None
+    startup = [n for n in names if n.split(".", 1)[0] in _STARTUP_STEMS]
     validators: list[str] = []
     shadows: dict[str, list[Any]] = {}
+    after = False  # past torch's entry
     for entry in entries:
         path = os.path.abspath(entry or ".")  # type: ignore[call-overload]  # what sys.path holds
-        if (type(path) is str and sites is not None and path not in known
-                and os.path.realpath(path) not in known and _plain_directory(path)):
-            shadows[path] = [recordable(dir_sig(path)), list(names)]
-        else:
+        if type(path) is not str:
             validators.append(path)
+            continue
+        where = (entry or ".") if type(entry) is str and not os.path.isabs(entry) else path
+        watched = startup if after else list(names)
+        if (sites is not None and path not in known and os.path.realpath(path) not in known
+                and _plain_directory(path)):
+            shadows[where] = [recordable(dir_sig(path)), [*watched, ANY_PTH]]
+        else:
+            validators.append(where)
+        for name in watched:
+            there = os.path.join(path, name)
+            if os.path.lexists(there) and os.path.realpath(there) != own:
+                validators.append(os.path.join(where, name))
         if parent and path == parent:
-            break
+            after = True
     return validators, shadows
-
 
 def _plain_directory(path: str) -> bool:
     # A directory holding no .pth file now.
