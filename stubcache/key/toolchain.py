@@ -197,9 +197,18 @@ def compiler_identity(command: str, memo: Callable[..., dict[str, Any]]) -> dict
             memo_key += f":{wrapper_config()}"
 
         def compute() -> dict[str, Any]:
-            value = _probe_compiler([found, *words[1:]])
-            # The program named by CXX itself: a script in front of the compiler may add flags.
-            value["sha256"] = _file_sha256(path)
+            import threading
+
+            # The program named by CXX itself (a script in front of the compiler may add flags),
+            # hashed on a thread while the driver is probed.
+            own: list[str | None] = []
+            hashing = threading.Thread(target=lambda: own.append(_file_sha256(path)))
+            hashing.start()
+            try:
+                value = _probe_compiler([found, *words[1:]])
+            finally:
+                hashing.join()
+            value["sha256"] = own[0] if own else None
             tool = _tool(driver) if driver else None
             if tool:
                 value["real"]["driver"] = tool
@@ -326,6 +335,11 @@ def _run_text(cmd: list[str]) -> str:
 def _run_all(cmds: list[list[str]], env: dict[str, Any] | None = None) -> list[str]:
     """Run commands concurrently; each one's stdout+stderr text (``<failed: …>`` if it could not
     run). A cold host probes its compiler once; running the probes side by side keeps that short."""
+    return [_finish(p) for p in _start_all(cmds, env)]
+
+
+def _start_all(cmds: list[list[str]], env: dict[str, Any] | None = None) -> list[Any]:
+    """Start commands side by side (stdout+stderr to one pipe); :func:`_finish` reads each."""
     import subprocess
 
     procs: list[Any] = []
@@ -335,18 +349,22 @@ def _run_all(cmds: list[list[str]], env: dict[str, Any] | None = None) -> list[s
                                           stdin=subprocess.DEVNULL, env=env))
         except OSError as exc:
             procs.append(f"<failed: {exc}>")
-    out = []
-    for p in procs:
-        if isinstance(p, str):
-            out.append(p)
-            continue
-        try:
-            out.append(p.communicate(timeout=60)[0].decode("utf-8", "surrogateescape"))  # paths are bytes
-        except subprocess.TimeoutExpired as exc:
-            p.kill()
-            p.communicate()
-            out.append(f"<failed: {exc}>")
-    return out
+    return procs
+
+
+def _finish(p: Any) -> str:
+    """The text of a command :func:`_start_all` started (``<failed: …>`` if it could not run or
+    ran past a minute)."""
+    import subprocess
+
+    if isinstance(p, str):
+        return p
+    try:
+        return str(p.communicate(timeout=60)[0].decode("utf-8", "surrogateescape"))  # paths are bytes
+    except subprocess.TimeoutExpired as exc:
+        p.kill()
+        p.communicate()
+        return f"<failed: {exc}>"
 
 
 def _file_sha256(path: str) -> str | None:
@@ -386,11 +404,24 @@ def _probe_compiler(cmd: list[str]) -> dict[str, Any]:
 
     # The default search list, without the include-path variables (they are user directories).
     plain_env = {k: v for k, v in os.environ.items() if k not in ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH")}
-    version, trace, as_name, ld_name, defaults, *own = _run_all(
+    procs = _start_all(
         [[*cmd, "--version"], [*cmd, "-###", "-x", "c++", "-c", os.devnull, "-o", os.devnull],
          [*cmd, "-print-prog-name=as"], [*cmd, "-print-prog-name=ld"],
          [*cmd, "-x", "c++", "-E", "-v", os.devnull, "-o", os.devnull]]
         + [[*cmd, probe] for probe in OWN_DIR_PROBES], env=plain_env)
+    # The binaries are hashed on threads (hashlib releases the GIL), each as soon as its path is
+    # known (cc1plus, ~35 MB, is a fresh host's longest step), while the other probes run.
+    sums: dict[str, str | None] = {}
+    threads: list[threading.Thread] = []
+
+    def hash_on_thread(path: str | None) -> None:
+        if path and path not in sums:
+            sums[path] = None
+            t = threading.Thread(target=lambda: sums.__setitem__(path, _file_sha256(path)))
+            t.start()
+            threads.append(t)
+
+    trace = _finish(procs[1])
     cc1 = None
     for line in trace.splitlines():
         if line.startswith(" ") and "-###" not in line:
@@ -401,17 +432,15 @@ def _probe_compiler(cmd: list[str]) -> dict[str, Any]:
             if os.path.isabs(first):
                 cc1 = os.path.realpath(first)
                 break
-    as_path, ld_path = _resolve_tool(as_name.strip()), _resolve_tool(ld_name.strip())
-    # The three binaries are hashed on threads (hashlib releases the GIL) while the assembler
-    # and linker report their versions.
-    tools = [t for t in (cc1, as_path, ld_path) if t]
-    sums: dict[str, str | None] = {}
-    threads = [threading.Thread(target=lambda t=t: sums.__setitem__(t, _file_sha256(t))) for t in tools]
-    for t in threads:
-        t.start()
+    hash_on_thread(cc1)
+    as_path, ld_path = _resolve_tool(_finish(procs[2]).strip()), _resolve_tool(_finish(procs[3]).strip())
+    hash_on_thread(as_path)
+    hash_on_thread(ld_path)
     runs = [[as_path, "--version"]] if as_path else []
     runs += [[ld_path, "--version"], [ld_path, "--help"]] if ld_path else []
-    texts = _run_all(runs)
+    later = _start_all(runs)
+    version, defaults, *own = [_finish(p) for p in (procs[0], *procs[4:])]
+    texts = [_finish(p) for p in later]
     for t in threads:
         t.join()
     real: dict[str, Any] = {}
