@@ -504,8 +504,9 @@ def test_an_import_path_directory_replaced_by_a_file_stales_the_record_and_the_m
 def test_import_path_checks_keep_mtime_validators_where_a_new_file_can_change_imports(tmp_path):
     """The rows of the import path (toolchain.import_path_checks): plain directories are shadows
     named by the files that would hold another torch; site directories (a new .pth there can
-    add an import hook), directories with a .pth file, files (zip archives) and absent entries
-    keep their mtime validators; every directory row also watches for a .pth file appearing;
+    add an import hook), files (zip archives) and absent entries keep their mtime validators;
+    every directory row also watches for a .pth file appearing (those there already are allowed
+    and validated by their own signatures);
     after torch's directory only what start-up processes is watched; a watched name that exists
     already is a validator itself; a relative entry is recorded as given."""
     from stubcache.key import toolchain
@@ -529,11 +530,12 @@ def test_import_path_checks_keep_mtime_validators_where_a_new_file_can_change_im
     entries = [str(script), str(archive), str(pthdir), str(absent), str(user_site), str(plain), str(site), str(after)]
     os.utime(after, ns=(1, 10**18))
     validators, shadows = toolchain.import_path_checks(entries, [str(site), str(user_site)], str(torch), names)
-    assert validators == [str(archive), str(pthdir), str(absent), str(user_site), str(site)]
+    assert validators == [str(archive), str(pthdir / "extra.pth"), str(absent), str(user_site), str(site)]
     watched = [*names, hitpath.ANY_PTH]
     startup = [n for n in names if n.startswith(("sitecustomize", "usercustomize"))]
     assert startup and not any(n.startswith("torch") for n in startup)
     assert shadows == {str(script): [dir_sig(str(script)), watched], str(plain): [dir_sig(str(plain)), watched],
+                       str(pthdir): [shadows[str(pthdir)][0], [*watched, hitpath.KNOWN_PTH + "extra.pth"]],
                        str(after): [dir_sig(str(after)), [*startup, hitpath.ANY_PTH]]}
     # A namespace torch/ (it loses to the installed package) and a sitecustomize.py already there:
     # each can change without its directory changing (an __init__.py placed inside).
@@ -562,7 +564,7 @@ def test_import_path_checks_keep_mtime_validators_where_a_new_file_can_change_im
     assert validators == [str(site)] and shadows == {}
     # ``site`` unable to say: every entry by mtime, as before.
     validators, shadows = toolchain.import_path_checks(entries, None, str(torch), names)
-    assert validators == entries and shadows == {}
+    assert validators == [*entries[:3], str(pthdir / "extra.pth"), *entries[3:]] and shadows == {}
     # No torch found: every entry is checked (one appearing anywhere would be found).
     validators, shadows = toolchain.import_path_checks(entries, [str(site)], None, names)
     assert str(after) in shadows and str(site) in validators

@@ -44,3 +44,19 @@ def test_a_process_started_through_the_loader_finds_it_in_its_mappings():
     own, loader = out.stdout.split()
     assert own == "None"  # the loader has no interpreter of its own
     assert os.path.realpath(loader) == os.path.realpath(mapped)
+
+
+def test_musls_loader_under_glibcs_name_is_not_asked(tmp_path):
+    """A compatibility package may install musl's loader under glibc's name (a link): the load
+    check asks only glibc's loader, so it looks at what the name links to as well."""
+    musl = tmp_path / "ld-musl-x86_64.so.1"
+    musl.write_bytes(b"\x7fELF")
+    link = tmp_path / "ld-linux-x86-64.so.2"
+    link.symlink_to(musl)
+    assert not loadcheck._glibc_loader(str(link)) and not loadcheck._glibc_loader(str(musl))
+    glibc = tmp_path / "ld-2.31.so"  # glibc before 2.34 names its loader file this way
+    glibc.write_bytes(b"\x7fELF")
+    (tmp_path / "old").mkdir()
+    old = tmp_path / "old" / "ld-linux-x86-64.so.2"
+    old.symlink_to(glibc)
+    assert loadcheck._glibc_loader(str(glibc)) and loadcheck._glibc_loader(str(old))

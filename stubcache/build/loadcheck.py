@@ -58,7 +58,13 @@ def _interpreter(exe: str) -> str | None:
 
 
 def _glibc_loader(path: str | None) -> bool:
-    return path is not None and os.path.basename(path).startswith(("ld-linux", "ld64.so"))
+    # glibc's loader by its name and by the name of the file it links to (musl's ld-musl-*.so.1
+    # is installed under glibc's name by compatibility packages).
+    if path is None:
+        return False
+    names = (os.path.basename(path), os.path.basename(os.path.realpath(path)))
+    return (all(n.startswith(("ld-linux", "ld64.so", "ld-2.")) for n in names)
+            and not any("musl" in n for n in names))
 
 
 def dynamic_loader() -> str | None:

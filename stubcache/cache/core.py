@@ -344,7 +344,8 @@ class CacheCore:
         fp = self.fingerprint.base()
         try:
             memo = load_json(fast_memo_path(self.store.path("state"), env_from_snapshot(env_snapshot())))
-            if memo["fp"] != fp or not isinstance(memo["validators"], list) or not isinstance(memo["shadows"], dict):
+            if (memo["fp"] != fp or not isinstance(memo["validators"], list) or not isinstance(memo["shadows"], dict)
+                    or memo["torch_dir"] != self.fingerprint.torch_dir()):
                 return False
             memo_shadows = shadow_rows(memo["shadows"])
             manifest_sig = hitpath.sig(os.lstat(os.path.join(self.store.entry_dir(entry.key), MANIFEST_NAME)))
@@ -359,7 +360,7 @@ class CacheCore:
             key=entry.key, base=m.base_key, name=spec.name, library=m.library, sha256=m.sha256, size=m.size,
             manifest=manifest_sig, env=[[n, os.environ.get(n)] for n in KEY_ENV_VARS],
             validators=list(memo["validators"]) + [[p, hitpath.path_sig(p)] for p in code],
-            tracked=tracked[0], shadows=tracked[1] + memo_shadows)
+            tracked=tracked[0], shadows=tracked[1] + memo_shadows, torch=memo["torch_dir"])
         if hitpath.HitRecord.from_dict(record.to_dict()) is None:  # a value it would refuse to read
             return False
         write_hit_record(self.root, digest, record)

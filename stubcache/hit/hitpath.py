@@ -109,6 +109,17 @@ def path_sig(path: str) -> list[int] | None:
         return None
 
 
+def torch_is(directory: object) -> bool:
+    # False if this process has imported a torch from another directory than ``directory`` (the
+    # one a key was derived from: None for no torch). A program that changed its working
+    # directory or its import path after importing torch can be told nothing else by sys.path.
+    mod = sys.modules.get("torch")
+    if mod is None:
+        return True
+    file = getattr(mod, "__file__", None)
+    return type(file) is str and os.path.dirname(file) == directory
+
+
 def private_ok(st: os.stat_result) -> bool:
     # The private trust rule (stubcache.storage.trust.TrustPolicy.check without a group): not a link,
     # owned by this user or root, writable by no one else.
@@ -265,10 +276,11 @@ class HitRecord:
     # signature, the names that must not appear there while it differs).
 
     __slots__ = ("key", "base", "name", "library", "sha256", "size", "manifest", "env", "validators",
-                 "tracked", "shadows")
+                 "tracked", "shadows", "torch")
 
     def __init__(self, key: str, base: str, name: str, library: str, sha256: str, size: int, manifest: list[int],
-                 env: list[Any], validators: list[Any], tracked: list[Any], shadows: list[Any]) -> None:
+                 env: list[Any], validators: list[Any], tracked: list[Any], shadows: list[Any],
+                 torch: str | None) -> None:
         self.key = key
         self.base = base
         self.name = name
@@ -280,6 +292,7 @@ class HitRecord:
         self.validators = validators
         self.tracked = tracked
         self.shadows = shadows
+        self.torch = torch  # the torch directory the key was derived from (None: no torch)
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": RECORD_FORMAT, **{k: getattr(self, k) for k in self.__slots__}}
@@ -303,9 +316,12 @@ class HitRecord:
         env, validators, tracked, shadows = (data.get(k) for k in ("env", "validators", "tracked", "shadows"))
         if not (type(env) is list and type(validators) is list and type(tracked) is list and type(shadows) is list):
             return None
+        torch = data.get("torch", False)
+        if torch is not None and type(torch) is not str:
+            return None
         # The rows' shapes are checked where they are used (_still_holds): a row that is not
         # what the full path writes fails its comparison or raises there, and the record is ignored.
-        return cls(key, base, name, library, sha, size, data["manifest"], env, validators, tracked, shadows)  # type: ignore[arg-type]
+        return cls(key, base, name, library, sha, size, data["manifest"], env, validators, tracked, shadows, torch)  # type: ignore[arg-type]
 
 
 def _ints(value: object, n: int) -> bool:
@@ -368,6 +384,8 @@ def _still_holds(record: HitRecord) -> bool:
 
 
 def _unchanged(record: HitRecord) -> bool:
+    if not torch_is(record.torch):
+        return False
     data = os.environ._data  # type: ignore[attr-defined]  # (request_digest checked it exists)
     for name, value in record.env:
         # os.environ's own encoding of names and values (os.fsencode's, without its call)
@@ -414,24 +432,28 @@ def _unchanged(record: HitRecord) -> bool:
 
 
 ANY_PTH = "*.pth"  # a shadow row's name for any file ending in .pth (site.addsitedir processes them)
+KNOWN_PTH = "+"  # prefixes a shadow row's name for a .pth file that was there (ANY_PTH allows it)
 
 
 def appeared(directory: str, names: list[Any]) -> bool:
     # Whether any of a shadow row's ``names`` exists in ``directory`` now (asked once the
-    # directory changed): a name, or for :data:`ANY_PTH` any ``.pth`` file; True for a name that
-    # is not a str and for a directory that cannot be listed for :data:`ANY_PTH`.
+    # directory changed): a name, or for :data:`ANY_PTH` a ``.pth`` file the row does not name
+    # with :data:`KNOWN_PTH`; True for a name that is not a str and for a directory that cannot
+    # be listed for :data:`ANY_PTH`.
     for rel in names:
         if type(rel) is not str:
             return True
         if rel == ANY_PTH:
             try:
-                if any(n.endswith(".pth") for n in os.listdir(directory)):
-                    return True
+                listing = os.listdir(directory)
             except (FileNotFoundError, NotADirectoryError):
-                pass
+                continue
             except OSError:
                 return True
-        elif os.path.lexists(os.path.join(directory, rel)):
+            for n in listing:
+                if n.endswith(".pth") and KNOWN_PTH + n not in names:
+                    return True
+        elif rel[:1] != KNOWN_PTH and os.path.lexists(os.path.join(directory, rel)):
             return True
     return False
 

@@ -17,7 +17,7 @@ import threading
 
 from ..edge import cjson
 from hashlib import sha256
-from ..hit.hitpath import path_sig
+from ..hit.hitpath import path_sig, torch_is
 from .memofile import load_json, write_json
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
@@ -132,6 +132,8 @@ def _fast_memo_get(state_dir: str | None, env: dict[str, Any]) -> dict[str, Any]
 
             if not still_valid({}, {"shadows": data["shadows"]}):  # as an entry's shadowing headers
                 return None
+        if not torch_is(data["torch_dir"]):
+            return None
         fp = data["fp"]
         return fp if fp.get("env") == env and fp.get("format") == FORMAT_VERSION else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -205,7 +207,7 @@ class Fingerprint:
             }
             if self.state_dir and not self.read_only and os.path.isdir(self.state_dir):
                 write_json(fast_memo_path(self.state_dir, env),
-                            {"fp": fp, **toolchain.memo_checks(fp, env, self.torch_dir())})
+                            {"fp": fp, "torch_dir": self.torch_dir(), **toolchain.memo_checks(fp, env, self.torch_dir())})
         self._current = (snap, fp)
         return fp
 

@@ -10,10 +10,11 @@ whose whole-fingerprint memo misses imports this module: a hit never does.
 from __future__ import annotations
 
 import os
+import stat
 import sys
 
 from hashlib import sha256
-from ..hit.hitpath import ANY_PTH, path_sig
+from ..hit.hitpath import ANY_PTH, KNOWN_PTH, path_sig
 from .inputs import dir_sig, recordable
 from .memofile import load_json, write_json
 
@@ -345,8 +346,10 @@ def _start_all(cmds: list[list[str]], env: dict[str, Any] | None = None) -> list
     procs: list[Any] = []
     for cmd in cmds:
         try:
+            # Each in its own process group: a probe that is killed takes what it started along
+            # (a wrapper's compiler, a script's sleep), which would otherwise hold the pipe open.
             procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, env=env))
+                                          stdin=subprocess.DEVNULL, env=env, start_new_session=True))
         except OSError as exc:
             procs.append(f"<failed: {exc}>")
     return procs
@@ -362,9 +365,19 @@ def _finish(p: Any) -> str:
     try:
         return str(p.communicate(timeout=60)[0].decode("utf-8", "surrogateescape"))  # paths are bytes
     except subprocess.TimeoutExpired as exc:
-        p.kill()
-        p.communicate()
+        _kill(p)
         return f"<failed: {exc}>"
+
+
+def _kill(p: Any) -> None:
+    """Kill a probe :func:`_start_all` started, with its process group, and reap it."""
+    import signal
+
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except OSError:
+        p.kill()
+    p.communicate()
 
 
 def _file_sha256(path: str) -> str | None:
@@ -379,7 +392,7 @@ def _file_sha256(path: str) -> str | None:
 
 
 def _resolve_tool(path: str | None) -> str | None:
-    if not path or path.startswith("<failed"):
+    if not path or path.startswith("<failed") or "\0" in path:
         return None
     if os.sep not in path:
         path = which(path)
@@ -397,10 +410,9 @@ def _tool(path: str) -> dict[str, Any] | None:
 
 def _probe_compiler(cmd: list[str]) -> dict[str, Any]:
     """Run the driver (through whatever wraps it) to learn which programs it really runs."""
-    import shlex
     import threading
 
-    from .tracking import OWN_DIR_PROBES, compiler_dirs_from, parse_search_path
+    from .tracking import OWN_DIR_PROBES
 
     # The default search list, without the include-path variables (they are user directories).
     plain_env = {k: v for k, v in os.environ.items() if k not in ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH")}
@@ -421,7 +433,26 @@ def _probe_compiler(cmd: list[str]) -> dict[str, Any]:
             t.start()
             threads.append(t)
 
-    trace = _finish(procs[1])
+    try:
+        return _probe_answers(procs, hash_on_thread, sums, threads)
+    finally:
+        for p in procs:  # every probe waited for, also when reading one raised
+            if not isinstance(p, str) and p.returncode is None:  # not read and reaped by _finish
+                _kill(p)
+        for t in threads:
+            t.join()
+
+
+def _probe_answers(procs: list[Any], hash_on_thread: Callable[[str | None], None], sums: dict[str, str | None],
+                   threads: list[Any]) -> dict[str, Any]:
+    """The answers of :func:`_probe_compiler`'s driver probes ``procs`` (started), the assembler's
+    and linker's own probes and the binaries' hashes (``hash_on_thread`` fills ``sums``)."""
+    import shlex
+
+    from .tracking import compiler_dirs_from, parse_search_path
+
+    started = list(procs)
+    trace = _finish(started[1])
     cc1 = None
     for line in trace.splitlines():
         if line.startswith(" ") and "-###" not in line:
@@ -429,17 +460,18 @@ def _probe_compiler(cmd: list[str]) -> dict[str, Any]:
                 first = shlex.split(line)[0]
             except (ValueError, IndexError):
                 continue
-            if os.path.isabs(first):
+            if os.path.isabs(first) and "\0" not in first:
                 cc1 = os.path.realpath(first)
                 break
     hash_on_thread(cc1)
-    as_path, ld_path = _resolve_tool(_finish(procs[2]).strip()), _resolve_tool(_finish(procs[3]).strip())
+    as_path, ld_path = _resolve_tool(_finish(started[2]).strip()), _resolve_tool(_finish(started[3]).strip())
     hash_on_thread(as_path)
     hash_on_thread(ld_path)
     runs = [[as_path, "--version"]] if as_path else []
     runs += [[ld_path, "--version"], [ld_path, "--help"]] if ld_path else []
     later = _start_all(runs)
-    version, defaults, *own = [_finish(p) for p in (procs[0], *procs[4:])]
+    procs += later  # (waited for by the caller's cleanup too)
+    version, defaults, *own = [_finish(p) for p in (started[0], *started[4:])]
     texts = [_finish(p) for p in later]
     for t in threads:
         t.join()
@@ -637,12 +669,18 @@ def import_path_checks(entries: Sequence[object], sites: Sequence[str] | None, t
       ``sites`` is ``None``.
 
     Every directory row also watches for a ``.pth`` file appearing (:data:`~stubcache.hit.hitpath.ANY_PTH`:
-    ``site.addsitedir`` may be called on any directory). The entries after torch's are checked
-    too, for what start-up processes (``.pth`` files, ``sitecustomize``/``usercustomize``). A
-    name that exists already (a namespace ``torch/`` that loses to the installed package, a
-    ``sitecustomize.py``) is a validator itself: it can change without its directory changing.
-    A relative entry (``''`` under ``python -c``) is recorded as given (``''`` as ``.``), so it is
-    checked where the checking process stands.
+    ``site.addsitedir`` may be called on any directory); the ``.pth`` files there already (a
+    checkpoint named ``model.pth``) are allowed in the row (:data:`~stubcache.hit.hitpath.KNOWN_PTH`)
+    and are validators themselves (one rewritten in place changes no directory). The entries
+    after torch's are checked too, for what start-up processes (``.pth`` files,
+    ``sitecustomize``/``usercustomize``); a directory met twice keeps everything either occurrence
+    watches. A name that exists already (a namespace ``torch/`` that loses to the installed
+    package, a ``sitecustomize.py``) is a validator itself: it can change without its directory
+    changing. A relative entry (``''`` under ``python -c``) is recorded as given (``''`` as ``.``),
+    so it is checked where the checking process stands; its ``torch`` is always a validator and
+    it never ends the watch for ``torch`` (another working directory may hold none, or another).
+    An entry that does not exist because a file stands in its path (``deps.zip/lib``) adds that
+    file's validator; an entry that is not a ``str`` is skipped, as the import system skips it.
 
     Stats the entries; depends on nothing else."""
     known: set[str] = set()
@@ -655,32 +693,53 @@ def import_path_checks(entries: Sequence[object], sites: Sequence[str] | None, t
     shadows: dict[str, list[Any]] = {}
     after = False  # past torch's entry
     for entry in entries:
-        path = os.path.abspath(entry or ".")  # type: ignore[call-overload]  # what sys.path holds
-        if type(path) is not str:
-            validators.append(path)
+        if type(entry) is not str or "\0" in entry:
             continue
-        where = (entry or ".") if type(entry) is str and not os.path.isabs(entry) else path
+        relative = not os.path.isabs(entry)
+        path = os.path.abspath(entry or ".")
+        where = (entry or ".") if relative else path
         watched = startup if after else list(names)
-        if (sites is not None and path not in known and os.path.realpath(path) not in known
-                and _plain_directory(path)):
-            shadows[where] = [recordable(dir_sig(path)), [*watched, ANY_PTH]]
+        pths = _pth_files(path)  # None: not a directory that can be listed
+        if sites is not None and pths is not None and path not in known and os.path.realpath(path) not in known:
+            row = shadows.setdefault(where, [recordable(dir_sig(path)), []])
+            row[1] = list(dict.fromkeys([*row[1], *watched, ANY_PTH, *(KNOWN_PTH + p for p in pths)]))
         else:
             validators.append(where)
+            if pths is None:
+                validators += _file_in_path(path)
+        validators += [os.path.join(where, p) for p in pths or ()]
         for name in watched:
             there = os.path.join(path, name)
-            if os.path.lexists(there) and os.path.realpath(there) != own:
+            if os.path.lexists(there) and (relative or os.path.realpath(there) != own):
                 validators.append(os.path.join(where, name))
-        if parent and path == parent:
+        if parent and path == parent and not relative:
             after = True
-    return validators, shadows
+    return list(dict.fromkeys(validators)), shadows
 
-def _plain_directory(path: str) -> bool:
-    # A directory holding no .pth file now.
+
+def _pth_files(path: str) -> list[str] | None:
+    # The .pth files in directory ``path`` (sorted), or None if it is not a directory that can be listed.
     try:
         with os.scandir(path) as it:
-            return not any(e.name.endswith(".pth") for e in it)
+            return sorted(e.name for e in it if e.name.endswith(".pth"))
     except OSError:  # not a directory, absent, unreadable
-        return False
+        return None
+
+
+def _file_in_path(path: str) -> list[str]:
+    # For an entry that is not a directory: the file standing in its path, if any (the nearest
+    # existing ancestor when that is not a directory: a zip archive the entry points into).
+    probe = path
+    while True:
+        up = os.path.dirname(probe)
+        if up == probe:
+            return []
+        probe = up
+        try:
+            st = os.stat(probe)
+        except OSError:
+            continue
+        return [] if stat.S_ISDIR(st.st_mode) else [probe]
 
 
 def memo_checks(fp: dict[str, Any], env: dict[str, Any], tdir: str | None) -> dict[str, Any]:
