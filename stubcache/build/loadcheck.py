@@ -19,12 +19,14 @@ from __future__ import annotations
 import os
 
 from ..edge.errors import BuildError
+from ..hit.hitpath import program_header
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     from typing import Sequence
 
 _loader: list[str | None] = []  # [path or None], found once per process
+_PT_INTERP = 3
 
 
 def _interpreter(exe: str) -> str | None:
@@ -32,29 +34,19 @@ def _interpreter(exe: str) -> str | None:
     ``exe``, or None: the loader the kernel started this process with (reading it costs a few
     small reads; ``/proc/self/maps`` of an engine process holds thousands of lines)."""
     try:
-        with open(exe, "rb") as fh:
-            head = fh.read(64)
-            if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
-                return None
-            phoff = int.from_bytes(head[32:40], "little")
-            phentsize = int.from_bytes(head[54:56], "little")
-            phnum = int.from_bytes(head[56:58], "little")
-            if phentsize < 56 or not 0 < phnum < 256:
-                return None
-            fh.seek(phoff)
-            table = fh.read(phentsize * phnum)
-            for i in range(0, len(table) - 55, phentsize):
-                if int.from_bytes(table[i:i + 4], "little") == 3:  # PT_INTERP
-                    offset = int.from_bytes(table[i + 8:i + 16], "little")
-                    size = int.from_bytes(table[i + 32:i + 40], "little")
-                    if not 1 < size < 4096:
-                        return None
-                    fh.seek(offset)
-                    path = os.fsdecode(fh.read(size).split(b"\0", 1)[0])
-                    return path if path.startswith("/") and os.path.isfile(path) else None
+        fd = os.open(exe, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        found = program_header(fd, _PT_INTERP)
+        if found is None or not 1 < found[2] < 4096:
+            return None
+        path = os.fsdecode(os.pread(fd, found[2], found[0]).split(b"\0", 1)[0])
+        return path if path.startswith("/") and os.path.isfile(path) else None
     except (OSError, ValueError):
-        pass
-    return None
+        return None
+    finally:
+        os.close(fd)
 
 
 def _glibc_loader(path: str | None) -> bool:

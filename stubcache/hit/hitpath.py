@@ -698,10 +698,10 @@ def _load_address(handle: int) -> int | None:
     return ctypes.c_size_t.from_address(lm.value).value  # struct link_map's first field, l_addr
 
 
-def first_segment(fd: int, handle: int) -> str | None:
-    # ``/proc/self/map_files`` name of the first loadable segment of the object ``handle``,
-    # whose file is open as ``fd``: ``start-end`` as the loader maps it (page-aligned ``p_vaddr``
-    # to ``p_vaddr + p_filesz``, shifted by the load address). ``None`` if not ELF64 little-endian.
+def program_header(fd: int, p_type: int) -> tuple[int, int, int] | None:
+    # ``(p_offset, p_vaddr, p_filesz)`` of the first program header of type ``p_type`` in the
+    # ELF64 little-endian file open as ``fd`` (read with ``pread``); ``None`` if there is none or
+    # the file is not such an ELF file. (stubcache.build.loadcheck reads PT_INTERP with it.)
     head = os.pread(fd, 64, 0)
     if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
         return None
@@ -712,12 +712,20 @@ def first_segment(fd: int, handle: int) -> str | None:
         return None
     table = os.pread(fd, phentsize * phnum, phoff)
     for i in range(0, len(table) - 55, phentsize):
-        if int.from_bytes(table[i:i + 4], "little") == _PT_LOAD:
-            vaddr = int.from_bytes(table[i + 16:i + 24], "little")
-            filesz = int.from_bytes(table[i + 32:i + 40], "little")
-            break
-    else:
+        if int.from_bytes(table[i:i + 4], "little") == p_type:
+            return (int.from_bytes(table[i + 8:i + 16], "little"), int.from_bytes(table[i + 16:i + 24], "little"),
+                    int.from_bytes(table[i + 32:i + 40], "little"))
+    return None
+
+
+def first_segment(fd: int, handle: int) -> str | None:
+    # ``/proc/self/map_files`` name of the first loadable segment of the object ``handle``,
+    # whose file is open as ``fd``: ``start-end`` as the loader maps it (page-aligned ``p_vaddr``
+    # to ``p_vaddr + p_filesz``, shifted by the load address). ``None`` if not ELF64 little-endian.
+    found = program_header(fd, _PT_LOAD)
+    if found is None:
         return None
+    _, vaddr, filesz = found
     base = _load_address(handle)
     if base is None:
         return None
