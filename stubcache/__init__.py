@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # what __getattr__ below returns for each name, for type chec
     from .storage.manifest import Manifest, __version__
 
 # Every name is imported when first used: an engine's warm ``stubcache.load_inline`` call needs
-# only the drop-in's front and the compact hit path (stubcache.hit.dropinfront, stubcache.hit.hitpath), not
+# only the drop-in's front and the compact hit path (stubcache.hit.dropinfront and the package stubcache.hit), not
 # the cache, the spec or the errors, each of which costs an engine process ~0.1 ms or more.
 _LAZY = {"Entry": "cache.core", "StubCache": "hit.front", "StubSpec": "key.spec", "Manifest": "storage.manifest",
          "__version__": "storage.manifest", "BuildError": "edge.errors", "CacheMissError": "edge.errors",

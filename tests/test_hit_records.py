@@ -1,4 +1,4 @@
-"""The compact hit path (stubcache.hit.hitpath): a warm call answered through the hit record the full
+"""The compact hit path (stubcache.hit): a warm call answered through the hit record the full
 path left, in real processes, and every way a record or an entry can be wrong sending the call
 back to the full path, which then loads the right library (or refuses, as before)."""
 
@@ -13,7 +13,8 @@ import pytest
 
 from stubcache.dropin import compat
 from stubcache.edge import fsroot
-from stubcache.hit import hitpath, requestlock
+from stubcache import hit as hitpath  # the compact hit path: the hit layer's package module
+from stubcache.hit import requestlock
 from stubcache.key.spec import FIELDS
 
 from .conftest import run_py

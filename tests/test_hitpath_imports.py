@@ -116,7 +116,7 @@ def test_a_hit_imports_only_what_it_needs(cache_root, tmp_path):
                                        TEST_BUILD_PATH=filelock_only))
         assert proc.returncode == 0, proc.stderr
     loaded = set(proc.stdout.split())
-    # The compact hit path (stubcache.hit.front, stubcache.hit.hitpath; docs/performance.md): the spec the
+    # The compact hit path (stubcache.hit.front, stubcache.hit; docs/performance.md): the spec the
     # caller made, JSON without json (this process has none), nothing else.
     expected = HIT_MODULES | {"stubcache.hit.front", "stubcache.key", "stubcache.key.spec"}
     assert {m for m in loaded if m.startswith("stubcache")} == expected, loaded
@@ -130,7 +130,7 @@ def test_a_hit_imports_only_what_it_needs(cache_root, tmp_path):
 
 # What a warm hit imports of stubcache: the compact hit path, and the stand-in for json in a
 # process that has none (an engine process has it: then only the first three).
-HIT_MODULES = {"stubcache", "stubcache.hit", "stubcache.hit.hitpath", "stubcache.edge", "stubcache.edge.cjson"}
+HIT_MODULES = {"stubcache", "stubcache.hit", "stubcache.edge", "stubcache.edge.cjson"}
 
 
 def test_a_quiet_dropin_hit_imports_no_status_line_nor_logger(cache_root, tmp_path):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 
 from ..edge.errors import BuildError
-from ..hit.hitpath import program_header
+from ..hit import program_header
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:

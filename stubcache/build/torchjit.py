@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 
-from ..hit.hitpath import DROPIN_MARK
+from ..hit import DROPIN_MARK
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ import threading
 
 from ..storage import events
 from ..edge import faults, fsroot, log, settings
-from ..hit import hitpath
+from .. import hit
 from ..key.fingerprint import Fingerprint
 from ..edge.errors import (BuildError, CacheMissError, IntegrityError, LockTimeoutError, StubCacheError,
                            TrustError, UntrustedRootError)
@@ -43,12 +43,12 @@ _warned_degraded: set[str] = set()  # roots this process has already warned abou
 
 # Descriptors are per process, not per StubCache: many instances on one root share one pin per
 # entry and one open library per file, so creating instances does not leak descriptors.
-# They are hitpath's tables: a hit through a record (stubcache.hit.hitpath) and this path share them.
-_PROCESS_LOCK = hitpath.PROCESS_LOCK
-_PINS = hitpath.PINS
-_LIB_FDS = hitpath.LIB_FDS
-_REAL_PATHS = hitpath.REAL_PATHS  # entry path -> the real path it was first loaded by
-_VERIFIED = hitpath.VERIFIED
+# They are the hit layer's tables: a hit through a record (stubcache.hit) and this path share them.
+_PROCESS_LOCK = hit.PROCESS_LOCK
+_PINS = hit.PINS
+_LIB_FDS = hit.LIB_FDS
+_REAL_PATHS = hit.REAL_PATHS  # entry path -> the real path it was first loaded by
+_VERIFIED = hit.VERIFIED
 _BASE_KEYS_MAX = 64  # specs whose base key a cache remembers (see StubCache._base_key)
 
 
@@ -108,7 +108,7 @@ def _remote_config() -> RemoteConfig | None:
 
 def _unchanged_inputs(headers: dict[str, str], inputs: dict[str, Any] | None,
                       memo_path: str | None) -> tuple[list[Any], list[Any]] | None:
-    """An entry's tracked inputs as a hit record checks them (see :class:`hitpath.HitRecord`):
+    """An entry's tracked inputs as a hit record checks them (see :class:`stubcache.hit.HitRecord`):
     each file with its signature now, where that signature is one :func:`inputs.still_valid`
     accepts without reading the file (the manifest's, or one this root remembers as re-hashed
     and unchanged); ``None`` if any file's is not."""
@@ -316,7 +316,7 @@ class CacheCore:
             return lib
 
     def remember_hit(self, spec: StubSpec, entry: Entry, digest: str) -> bool:
-        """Leave a hit record (:mod:`stubcache.hit.hitpath`) for the request named ``digest``, whose
+        """Leave a hit record (:mod:`stubcache.hit`) for the request named ``digest``, whose
         spec is ``spec`` and which this cache just served with ``entry``, if such a record can
         answer it: a published direct build from this root whose tracked inputs are all
         unchanged by signature right now, a spec whose key needs only the base fingerprint, no
@@ -348,20 +348,20 @@ class CacheCore:
                     or memo["torch_dir"] != self.fingerprint.torch_dir()):
                 return False
             memo_shadows = shadow_rows(memo["shadows"])
-            manifest_sig = hitpath.sig(os.lstat(os.path.join(self.store.entry_dir(entry.key), MANIFEST_NAME)))
+            manifest_sig = hit.sig(os.lstat(os.path.join(self.store.entry_dir(entry.key), MANIFEST_NAME)))
         except (OSError, ValueError, KeyError, TypeError):
             return False
         tracked = _unchanged_inputs(m.headers, m.inputs, self._sig_memo(self.store, entry.key))
         if tracked is None:
             return False
         package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # stubcache/
-        code = [os.path.join(package, *mod.split(".")[1:]) + ".py" for mod in hitpath.KEY_MODULES]
-        record = hitpath.HitRecord(
+        code = [os.path.join(package, *mod.split(".")[1:]) + ".py" for mod in hit.KEY_MODULES]
+        record = hit.HitRecord(
             key=entry.key, base=m.base_key, name=spec.name, library=m.library, sha256=m.sha256, size=m.size,
             manifest=manifest_sig, env=[[n, os.environ.get(n)] for n in KEY_ENV_VARS],
-            validators=list(memo["validators"]) + [[p, hitpath.path_sig(p)] for p in code],
+            validators=list(memo["validators"]) + [[p, hit.path_sig(p)] for p in code],
             tracked=tracked[0], shadows=tracked[1] + memo_shadows, torch=memo["torch_dir"])
-        if hitpath.HitRecord.from_dict(record.to_dict()) is None:  # a value it would refuse to read
+        if hit.HitRecord.from_dict(record.to_dict()) is None:  # a value it would refuse to read
             return False
         write_hit_record(self.root, digest, record)
         return True
@@ -507,7 +507,7 @@ class CacheCore:
         found = self._find_in_stores(spec, base)
         if not isinstance(found, Entry):
             return None
-        if not hitpath.counted_here(self.root, found.key):  # (counted once, through its record)
+        if not hit.counted_here(self.root, found.key):  # (counted once, through its record)
             self._event(Event.HIT, found.key, name=spec.name, seed=found.seed or None)
         return found
 

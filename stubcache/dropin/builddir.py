@@ -27,7 +27,7 @@ import os
 from ..edge import fsroot
 from ..storage import locking
 from hashlib import sha256
-from ..hit.hitpath import build_directory_problem, placed_copy
+from ..hit import build_directory_problem, placed_copy
 from ..storage.locking import temp_name
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
@@ -77,7 +77,7 @@ def open_build_directory(directory: str) -> int:
 
 def _same_library(dfd: int, name: str, manifest: Manifest) -> tuple[int, os.stat_result] | None:
     """An fd on ``name`` if it already is our copy of the library (see
-    :func:`stubcache.hit.hitpath.placed_copy`, which a warm drop-in call uses directly), else None.
+    :func:`stubcache.hit.placed_copy`, which a warm drop-in call uses directly), else None.
     Reusing it keeps one inode for processes sharing a fixed name in one directory (the NCCL
     allocators)."""
     return placed_copy(dfd, name, manifest.size, manifest.sha256)

@@ -9,7 +9,7 @@ import threading
 from ..edge import kpath
 from ..cache.core import Entry
 from ..hit.front import StubCache
-from ..hit.hitpath import frozen, versioned, versions as _versions, versions_lock
+from ..hit import frozen, versioned, versions as _versions, versions_lock
 from ..key.fingerprint import env_snapshot
 from ..build.torchjit import mark
 from ..edge.errors import UnsupportedError
@@ -138,7 +138,7 @@ def load_inline_recording(record: str | None, args: dict[str, Any], since: float
     """The full path of :func:`stubcache.load_inline` (the public drop-in,
     :func:`stubcache.hit.dropinfront.load_inline`, documented there), taken when no hit record
     answers the call; ``args`` are its arguments by name. With ``record`` (a digest from
-    :func:`stubcache.hit.hitpath.request_digest`), a hit record is left for that call where the
+    :func:`stubcache.hit.request_digest`), a hit record is left for that call where the
     entry qualifies (see :meth:`StubCache.remember_hit`), so the next process's identical call
     takes the compact hit path (:mod:`stubcache.hit.dropinfront`). ``since``: when the caller
     began waiting for another process serving the same call (see

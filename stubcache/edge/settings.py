@@ -40,7 +40,7 @@ REMOTE_LEASE = "STUBCACHE_REMOTE_LEASE"
 class Variable:
     """One ``STUBCACHE_*`` variable. ``full_path``: a hit through a hit record cannot run under it
     (the full path validates it, or it changes what a hit means); the compact hit path
-    (:data:`stubcache.hit.hitpath.FULL_PATH_SETTINGS`) keeps the same list without importing this
+    (:data:`stubcache.hit.FULL_PATH_SETTINGS`) keeps the same list without importing this
     module, and a test holds the two equal."""
 
     __slots__ = ("name", "full_path")

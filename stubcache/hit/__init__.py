@@ -1,2 +1,891 @@
-"""What a warm hit runs: the fronts of ``StubCache.load`` and ``stubcache.load_inline`` and the
-compact hit path. Imports only the OS edge (and, on a miss, hands the call to the full path)."""
+"""The compact hit path: a recorded hit, verified and loaded without importing the cache.
+
+It is the hit layer's package module itself, not a module of its own: an engine process pays
+~0.2 ms for every module a hit imports, whatever it holds (finding, reading, unmarshalling), and
+the package is imported anyway. The fronts that ask it first are :mod:`stubcache.hit.front`
+(``StubCache``) and :mod:`stubcache.hit.dropinfront` (``stubcache.load_inline``); the request
+lock (a miss only) is :mod:`stubcache.hit.requestlock`.
+
+How a hit works, and every check it makes: the comment below (kept out of the bytecode, which
+every engine process loads)."""
+
+# An engine process pays for every module a hit imports (about 0.1 ms each after ``import torch``,
+# whatever it holds), so a warm start must not import the cache, the store, the spec or the
+# fingerprint only to find that the entry it loaded last time is still there. The full path
+# (:mod:`stubcache.cache.core`) therefore leaves a **hit record** after it has served a request that
+# qualifies (a direct build whose tracked inputs are unchanged, from a private root, see
+# :meth:`stubcache.cache.core.CacheCore.remember_hit`): ``<root>/v1/state/hit-<digest>.json``, where the digest is of
+# the request itself (a drop-in call's arguments, or a spec's canonical form) and of what the
+# process looks like (interpreter, ``sys.path``, ``PATH``, compiler-cache variables, the uid).
+#
+# The record names the entry (key, library, checksum, size) and the stat signatures of everything
+# the key was derived from (the fingerprint memo's validators, the key environment variables'
+# values, the source files of the modules that compute keys), of the entry's tracked inputs
+# (as stubcache.key.inputs checks them without reading a file) and of the entry's manifest. A hit
+# through it runs the checks the full path runs, on the same objects:
+#
+# - the root, ``v1/``, ``entries/`` and the entry directory are each opened without following a
+#   link and must pass the private trust rule (owned by this user or root, writable by no one
+#   else), and the root must have no ``stubcache-root.json`` (a shared root takes the full path);
+# - the record itself is read only from such a root, and only if this user or root owns it and
+#   no one else can write it (a record names the library to load: it is trusted like the entry);
+# - no variants of the key exist, the entry holds exactly its manifest and library, the manifest
+#   is the one the record was made from (same signature; published entries are never modified);
+# - the entry is pinned (a shared ``flock`` on its pin, the last-used stamp refreshed) and then
+#   checked to be the entry that was opened, the library is opened without following a link,
+#   trust-checked, checksummed through that descriptor, loaded by its real path, and the mapped
+#   file compared with the descriptor (the direct way of :mod:`stubcache.storage.mapped`, which lives
+#   here); the hit is counted.
+#
+# Anything unexpected (no record, a stale one, another environment, a contended pin, a setting
+# that needs checking) is not an error here: the caller takes the full path, which decides and
+# reports. Nothing on this path imports another stubcache module.
+#
+# The per-process tables (pins, verified libraries, open library descriptors, real paths, event
+# file) live here so that the full path and this one share them.
+#
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import time
+import hashlib
+import threading
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
+if TYPE_CHECKING:
+    from ctypes import CDLL
+    from typing import Any
+
+LAYOUT = "v1"  # the layout directory under a root (stubcache.storage.store imports it from here)
+RECORD_FORMAT = 3  # 3: shadow rows may name ANY_PTH; 2: the key's modules moved into layer folders
+DROPIN_MARK = "__stubcache_dropin__"  # an attribute set on the drop-ins (stubcache.build.torchjit)
+CONFIG_NAME = "stubcache-root.json"  # a root's own configuration (stubcache.storage.trust imports it from here)
+MANIFEST_NAME = "manifest.json"  # an entry's record (stubcache.storage.manifest imports it from here)
+# What stubcache.edge.fsroot opens with (tests/test_hit_records.py checks they agree).
+O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+O_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+RECORD_CAP = 1 << 20
+_FS_ENCODING = sys.getfilesystemencoding()  # os.fsencode's (os.environ's names and values)
+LIBRARY_CAP = 4 << 30  # stubcache.edge.fsroot.LIBRARY_CAP
+LAST_USED_RESOLUTION = 1.0  # seconds: a hit rewrites a last-used stamp older than this
+NEVER_HIT_ATIME_NS = 0  # a pin's atime from publish until its first hit (see Store.publish)
+# The modules whose code decides a key: a record holds only while their files are unchanged
+# (an upgrade of stubcache replaces them).
+KEY_MODULES = ("stubcache.key.spec", "stubcache.key.flagscan", "stubcache.edge.kpath", "stubcache.key.fingerprint",
+               "stubcache.key.toolchain", "stubcache.key.derive", "stubcache.storage.manifest",
+               "stubcache.dropin.compat", "stubcache.hit.dropinfront", "stubcache.hit")
+_FLAG_VALUES = ("", "0", "1", "true", "false", "yes", "no", "on", "off")  # stubcache.edge.settings' flag words
+# The variables stubcache reads that need the full path (each is validated there, and may change
+# what a hit means). A hit through a record runs under the others: STUBCACHE_DIR (the root it
+# names), a well-formed STUBCACHE_REQUIRE_HIT, STUBCACHE_PATCH_TORCH (read by `stubcache run`'s
+# start-up hook, set in every engine process under it) and names stubcache does not read, which
+# the full path ignores too. tests/test_hit_records.py checks this against every STUBCACHE_ name
+# in the package.
+FULL_PATH_SETTINGS = (b"STUBCACHE_LOCK_TIMEOUT", b"STUBCACHE_MAX_SIZE", b"STUBCACHE_SEED_DIRS",
+                      b"STUBCACHE_TRUSTED_ROOTS", b"STUBCACHE_FAULT")
+FULL_PATH_PREFIX = b"STUBCACHE_REMOTE"  # the fleet tier's settings
+
+# --- per-process tables, shared with stubcache.cache.core -------------------------------------------
+PROCESS_LOCK = threading.RLock()
+PINS: dict[tuple[str, str], int] = {}  # (root, key) -> the pin's fd, held for the process's life
+LIB_FDS: dict[str, int] = {}  # library path -> the fd it was checksummed through
+REAL_PATHS: dict[str, str] = {}  # library path -> the real path it was first loaded by
+VERIFIED: dict[str, tuple[int, int, int, int]] = {}  # library path -> (dev, ino, size, mtime_ns) when checksummed
+_event_lock = threading.Lock()
+# (root, key) of hits counted here whose entry the full path has not looked up since in this
+# process: its first lookup then counts no second hit (see counted_here).
+COUNTED: set[tuple[str, str]] = set()
+_event_fds: dict[str, tuple[int, int]] = {}  # events dir -> (fd, pid that opened it)
+
+
+def sig(st: os.stat_result) -> list[int]:
+    # A file's stat signature: device, inode, size, modification time.
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
+
+
+def path_sig(path: str) -> list[int] | None:
+    if type(path) is not str:
+        raise TypeError("a path must be str")
+    try:
+        return sig(os.stat(path))
+    except OSError:
+        return None
+
+
+def torch_is(directory: object) -> bool:
+    # False if this process has imported a torch from another directory than ``directory`` (the
+    # one a key was derived from: None for no torch). A program that changed its working
+    # directory or its import path after importing torch can be told nothing else by sys.path.
+    mod = sys.modules.get("torch")
+    if mod is None:
+        return True
+    file = getattr(mod, "__file__", None)
+    return type(file) is str and os.path.dirname(file) == directory
+
+
+def private_ok(st: os.stat_result) -> bool:
+    # The private trust rule (stubcache.storage.trust.TrustPolicy.check without a group): not a link,
+    # owned by this user or root, writable by no one else.
+    return (not stat.S_ISLNK(st.st_mode) and st.st_uid in (os.geteuid(), 0)
+            and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
+def _loads(data: bytes) -> object:
+    json = sys.modules.get("json")
+    if json is not None:
+        return json.loads(data)
+    from ..edge import cjson
+
+    return cjson.loads(data)
+
+
+def sha256_fd(fd: int, size: int) -> str:
+    # SHA-256 of an open file's content, read from offset 0 (``size``: its expected size).
+    h = hashlib.sha256()
+    offset = 0
+    chunk_size = min(max(size, 1 << 16), 1 << 20)
+    while True:
+        chunk = os.pread(fd, chunk_size, offset)
+        if not chunk:
+            return h.hexdigest()
+        h.update(chunk)
+        offset += len(chunk)
+
+
+# --- the drop-in's module names (stubcache.hit.dropinfront and stubcache.dropin.compat share them) ---------------
+
+versions: dict[str, tuple[int, Any]] = {}  # name -> (version, the call it was last loaded with)
+versions_lock = threading.Lock()
+
+
+def frozen(value: Any) -> Any:
+    # A hashable form of a load_inline argument (lists become tuples, dicts sorted items).
+    if isinstance(value, (list, tuple)):
+        return tuple(frozen(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, frozen(v)) for k, v in value.items()))
+    return value
+
+
+def versioned(name: str, call: Any) -> str:
+    # The module name torch would give this call: ``name``, then ``name_v1``, ``name_v2``, ...
+    # each time one process loads ``name`` with different inputs than the last time.
+    #
+    # A Python extension module is initialised once per interpreter per name, so a second module
+    # built under the same name would come back as the first one; torch's versioner avoids that,
+    # and so does this (a new name is a new key, built and cached like any other).
+    #
+    with versions_lock:
+        cur = versions.get(name)
+        if cur is None:
+            cur = versions[name] = (0, call)
+        elif cur[1] != call:
+            cur = versions[name] = (cur[0] + 1, call)
+    return name if cur[0] == 0 else f"{name}_v{cur[0]}"
+
+
+# --- what a request looks like -----------------------------------------------------------------
+
+
+def quick_settings() -> bool:
+    # True if no setting in the environment needs the full path (:data:`FULL_PATH_SETTINGS`, the
+    # fleet tier's) and ``STUBCACHE_REQUIRE_HIT``, if set, is well-formed.
+    data = getattr(os.environ, "_data", None)
+    if data is None:
+        return False
+    for name in data:
+        if name.startswith(b"STUBCACHE_") and (name in FULL_PATH_SETTINGS or name.startswith(FULL_PATH_PREFIX)):
+            return False
+    flag = data.get(b"STUBCACHE_REQUIRE_HIT")
+    return flag is None or flag.strip().lower().decode("latin-1") in _FLAG_VALUES
+
+
+def default_root() -> str | None:
+    # The cache root :func:`stubcache.storage.store.default_root` names, where that needs no import:
+    # ``STUBCACHE_DIR``, or on Linux platformdirs' ``user_cache_dir`` rule; else ``None``.
+    env = os.environ.get("STUBCACHE_DIR")
+    if env:
+        return os.path.abspath(os.path.expanduser(env))
+    if sys.platform != "linux":
+        return None
+    # Only the cases every platformdirs release answers alike: XDG_CACHE_HOME unset or empty
+    # ($HOME/.cache, HOME absolute), or a plain absolute path. A relative, padded or ~ value
+    # (releases differ: verbatim, stripped or ignored) or a relative HOME is left to platformdirs.
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if base:
+        if os.path.isabs(base) and base == base.strip() and "~" not in base:
+            return os.path.join(base, "stubcache")
+        return None
+    home = os.environ.get("HOME", "")
+    if os.path.isabs(home) and home == home.strip() and "~" not in home:
+        return os.path.join(os.path.expanduser("~/.cache"), "stubcache")
+    return None
+
+
+def request_digest(kind: str, request: tuple[Any, ...]) -> str | None:
+    # The digest that names a request's record: ``request`` (plain values only: str, bool, None,
+    # int, and lists, tuples and dicts of them) with the process's interpreter, ``sys.path``,
+    # ``PATH``, compiler-cache variables, ``HOME`` and ``XDG_CONFIG_HOME`` (they name a compiler
+    # cache's config files) and uid. ``None`` for a request holding anything else.
+    # Serialised by marshal's version 0 (no interning flags, no back-references: equal values
+    # give equal bytes, and distinct ones distinct bytes), 4x faster than repr on a source text.
+    if not _plain(request):
+        return None
+    data = getattr(os.environ, "_data", None)
+    if data is None:
+        return None
+    import marshal
+
+    wrappers = sorted([(k, v) for k, v in data.items() if k.startswith((b"CCACHE_", b"SCCACHE_", b"BUILDCACHE_"))])
+    # HOME and XDG_CONFIG_HOME name the config files a compiler cache reads (its `compiler =`);
+    # a non-str sys.path entry (a pathlib.Path a program appended) by its repr.
+    path = [p if type(p) is str else repr(p) for p in sys.path]
+    blob = marshal.dumps((RECORD_FORMAT, kind, request, os.geteuid(), sys.executable, path, data.get(b"PATH", b""),
+                          wrappers, data.get(b"HOME"), data.get(b"XDG_CONFIG_HOME")), 0)
+    return hashlib.sha256(blob).hexdigest()[:32]
+
+
+def _plain(value: object, depth: int = 0) -> bool:
+    t = type(value)
+    if t in (str, bool, int) or value is None:
+        return True
+    if depth > 8:
+        return False
+    if t in (list, tuple):
+        for v in value:  # type: ignore[attr-defined]
+            if not _plain(v, depth + 1):
+                return False
+        return True
+    if t is dict:
+        for k, v in value.items():  # type: ignore[attr-defined]
+            if type(k) is not str or not _plain(v, depth + 1):
+                return False
+        return True
+    return False
+
+
+def record_name(digest: str) -> str:
+    return f"hit-{digest}.json"
+
+
+class HitRecord:
+    # What a hit through a record needs, written by the full path after it served the request
+    # (see the module docstring): the entry's ``key`` and ``base`` key, ``library`` (file name),
+    # ``sha256`` and ``size``, the ``name`` it is counted under, the manifest's stat signature, the
+    # key environment variables' values (``env``: name, value or ``None``), the ``validators``
+    # (path, stat signature or ``None`` for absent) of everything the key was derived from, and
+    # the entry's tracked inputs as :func:`stubcache.key.inputs.still_valid` checks them without
+    # reading a file: ``tracked`` (path, signature with ctime) and ``shadows`` (directory, its
+    # signature, the names that must not appear there while it differs).
+
+    __slots__ = ("key", "base", "name", "library", "sha256", "size", "manifest", "env", "validators",
+                 "tracked", "shadows", "torch")
+
+    def __init__(self, key: str, base: str, name: str, library: str, sha256: str, size: int, manifest: list[int],
+                 env: list[Any], validators: list[Any], tracked: list[Any], shadows: list[Any],
+                 torch: str | None) -> None:
+        self.key = key
+        self.base = base
+        self.name = name
+        self.library = library
+        self.sha256 = sha256
+        self.size = size
+        self.manifest = manifest
+        self.env = env
+        self.validators = validators
+        self.tracked = tracked
+        self.shadows = shadows
+        self.torch = torch  # the torch directory the key was derived from (None: no torch)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": RECORD_FORMAT, **{k: getattr(self, k) for k in self.__slots__}}
+
+    @classmethod
+    def from_dict(cls, data: object) -> "HitRecord | None":
+        # The record in ``data`` (as read from a file), or ``None`` if it is not a well-formed
+        # one of this format.
+        if type(data) is not dict or data.get("format") != RECORD_FORMAT:
+            return None
+        key, base, name, library, sha, size = (data.get(k) for k in ("key", "base", "name", "library", "sha256",
+                                                                     "size"))
+        for text in (key, base, name, library, sha):
+            if type(text) is not str or not text or "/" in text or "\0" in text or text in (".", ".."):
+                return None
+        if not (key.isascii() and key.isalnum() and base.isascii() and base.isalnum() and name.isascii()  # type: ignore[union-attr]
+                and name.isidentifier()):  # type: ignore[union-attr]  # str: the loop above checked
+            return None
+        if type(size) is not int or size < 0 or not _ints(data.get("manifest"), 4):
+            return None
+        env, validators, tracked, shadows = (data.get(k) for k in ("env", "validators", "tracked", "shadows"))
+        if not (type(env) is list and type(validators) is list and type(tracked) is list and type(shadows) is list):
+            return None
+        torch = data.get("torch", False)
+        if torch is not None and type(torch) is not str:
+            return None
+        # The rows' shapes are checked where they are used (_still_holds): a row that is not
+        # what the full path writes fails its comparison or raises there, and the record is ignored.
+        return cls(key, base, name, library, sha, size, data["manifest"], env, validators, tracked, shadows, torch)  # type: ignore[arg-type]
+
+
+def _ints(value: object, n: int) -> bool:
+    return type(value) is list and len(value) == n and all(type(v) is int for v in value)
+
+
+# --- reading and verifying ---------------------------------------------------------------------
+
+
+class Hit:
+    # A verified entry found through a record: its ``key``, library ``path`` (under the root),
+    # ``fd`` (open on the library, checksummed through it, kept for the process) and ``record``.
+
+    __slots__ = ("key", "path", "fd", "record")
+
+    def __init__(self, key: str, path: str, fd: int, record: HitRecord) -> None:
+        self.key = key
+        self.path = path
+        self.fd = fd
+        self.record = record
+
+
+def open_private_dir_at(dfd: int, name: str) -> int:
+    # Open a directory below ``dfd`` without following a link; it must pass the private rule.
+    fd = os.open(name, O_DIR, dir_fd=dfd)
+    if not private_ok(os.fstat(fd)):
+        os.close(fd)
+        raise PermissionError(name)
+    return fd
+
+
+def read_record(state_fd: int, digest: str) -> HitRecord | None:
+    # The record for ``digest`` in the ``state/`` directory open as ``state_fd``: a regular
+    # file owned by this user or root, writable by no one else, at most ``RECORD_CAP`` bytes.
+    try:
+        fd = os.open(record_name(digest), O_READ, dir_fd=state_fd)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or not private_ok(st) or st.st_size > RECORD_CAP:
+            return None
+        data = os.pread(fd, st.st_size + 1, 0)  # sized to the file: a 1 MiB buffer costs 50 us
+        if len(data) != st.st_size:
+            return None  # changed while read: the full path
+        return HitRecord.from_dict(_loads(data))
+    except (OSError, ValueError, TypeError, RecursionError, UnicodeDecodeError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def _still_holds(record: HitRecord) -> bool:
+    # Whether everything the record's key was derived from is as it was (see HitRecord); False
+    # for a row of any other shape.
+    try:
+        return _unchanged(record)
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+def _unchanged(record: HitRecord) -> bool:
+    if not torch_is(record.torch):
+        return False
+    data = os.environ._data  # type: ignore[attr-defined]  # (request_digest checked it exists)
+    for name, value in record.env:
+        # os.environ's own encoding of names and values (os.fsencode's, without its call)
+        raw = data.get(name.encode(_FS_ENCODING, "surrogateescape")) if type(name) is str else False
+        if raw is None:
+            if value is not None:
+                return False
+        elif type(value) is not str or raw != value.encode(_FS_ENCODING, "surrogateescape"):
+            return False
+    stat_ = os.stat
+    for path, want in record.validators:
+        if type(path) is not str:
+            return False
+        try:
+            st = stat_(path)
+        except OSError:
+            if want is not None:
+                return False
+            continue
+        if [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns] != want:
+            return False
+    for path, want in record.tracked:  # the tracked inputs, as stubcache.key.inputs checks them
+        if type(path) is not str:
+            return False
+        try:
+            st = os.stat(path)
+        except OSError:
+            return False
+        if [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns] != want:
+            return False  # touched, maybe changed: the full path hashes it
+    for directory, want, names in record.shadows:
+        if type(directory) is not str or type(names) is not list:
+            return False
+        try:
+            st = os.stat(directory)
+            same = [st.st_dev, st.st_ino, st.st_mtime_ns] == want
+            if not same and not stat.S_ISDIR(st.st_mode):
+                return False  # no longer a directory: a file on sys.path may be a zip archive
+        except OSError:
+            same = want is None
+        if not same and appeared(directory, names):
+            return False
+    return True
+
+
+ANY_PTH = "*.pth"  # a shadow row's name for any file ending in .pth (site.addsitedir processes them)
+KNOWN_PTH = "+"  # prefixes a shadow row's name for a .pth file that was there (ANY_PTH allows it)
+
+
+def appeared(directory: str, names: list[Any]) -> bool:
+    # Whether any of a shadow row's ``names`` exists in ``directory`` now (asked once the
+    # directory changed): a name, or for :data:`ANY_PTH` a ``.pth`` file the row does not name
+    # with :data:`KNOWN_PTH`; True for a name that is not a str and for a directory that cannot
+    # be listed for :data:`ANY_PTH`.
+    for rel in names:
+        if type(rel) is not str:
+            return True
+        if rel == ANY_PTH:
+            try:
+                listing = os.listdir(directory)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            except OSError:
+                return True
+            for n in listing:
+                if n.endswith(".pth") and KNOWN_PTH + n not in names:
+                    return True
+        elif rel[:1] != KNOWN_PTH and os.path.lexists(os.path.join(directory, rel)):
+            return True
+    return False
+
+
+def open_private_subdir(dfd: int, name: str, make: bool = False) -> int:
+    # ``name`` below ``dfd`` opened as open_private_dir_at does; with ``make``, made (0700) first if
+    # missing: the layout directories of a private root, as stubcache.storage.store.Store.ensure
+    # makes them.
+    try:
+        return open_private_dir_at(dfd, name)
+    except FileNotFoundError:
+        if not make:
+            raise
+        try:
+            os.mkdir(name, 0o700, dir_fd=dfd)
+        except FileExistsError:
+            pass
+        return open_private_dir_at(dfd, name)
+
+
+def open_layout(root: str, make: bool = False) -> int | None:
+    # ``root``'s layout directory (``v1/``, made if missing with ``make``) opened under the private
+    # rule, where the compact path may act: a root that passes the private rule and has no
+    # configuration; ``None`` for any other root (the full path reads its configuration). Raises
+    # OSError (FileNotFoundError: no root, or no ``v1/`` without ``make``).
+    rfd = os.open(root, O_DIR)
+    try:
+        if not private_ok(os.fstat(rfd)):
+            return None
+        try:
+            os.stat(CONFIG_NAME, dir_fd=rfd, follow_symlinks=False)
+            return None  # a root with a configuration (shared, or narrowed): the full path reads it
+        except FileNotFoundError:
+            pass
+        return open_private_subdir(rfd, LAYOUT, make)
+    finally:
+        os.close(rfd)
+
+
+def open_state(root: str, make: bool = False) -> int | None:
+    # ``root``'s ``v1/state/`` (made if missing with ``make``), as :func:`open_layout` opens ``v1/``.
+    base_fd = open_layout(root, make)
+    if base_fd is None:
+        return None
+    try:
+        return open_private_subdir(base_fd, "state", make)
+    finally:
+        os.close(base_fd)
+
+
+def find(root: str, digest: str) -> Hit | None:
+    # The entry the record ``digest`` in ``root`` names, after every check the full path makes
+    # on a hit (see the module docstring), pinned and counted as a hit; ``None`` if anything is
+    # not as expected (the caller takes the full path). The library is not loaded here.
+    try:
+        base_fd = open_layout(root)
+    except OSError:
+        return None
+    if base_fd is None:
+        return None
+    try:
+        return _find_in(os.path.join(root, LAYOUT), base_fd, digest)
+    except OSError:
+        return None
+    finally:
+        os.close(base_fd)
+
+
+def _find_in(base: str, base_fd: int, digest: str) -> Hit | None:
+    state_fd = open_private_dir_at(base_fd, "state")
+    try:
+        record = read_record(state_fd, digest)
+    finally:
+        os.close(state_fd)
+    if record is None or not _still_holds(record):
+        return None
+    key = record.key
+    if key == record.base:
+        try:
+            os.stat(f"variants/{key}", dir_fd=base_fd, follow_symlinks=False)
+            return None  # variants of this key, which the full path would try first
+        except FileNotFoundError:
+            pass
+    else:  # an entry with tracked inputs is found through its variant marker
+        os.stat(f"variants/{record.base}/{key}", dir_fd=base_fd, follow_symlinks=False)
+    entries_fd = open_private_dir_at(base_fd, "entries")
+    try:
+        efd = open_private_dir_at(entries_fd, key)
+        try:
+            names = os.listdir(efd)
+            if sorted(names) != sorted([MANIFEST_NAME, record.library]):
+                return None
+            if sig(os.stat(MANIFEST_NAME, dir_fd=efd, follow_symlinks=False)) != record.manifest:
+                return None
+            if not _pin(base, base_fd, key):
+                return None
+            # Pinned now: prune can no longer take it. Is the directory we read still the entry?
+            if os.stat(key, dir_fd=entries_fd, follow_symlinks=False).st_ino != os.fstat(efd).st_ino:
+                return None
+            path = os.path.join(base, "entries", key, record.library)
+            fd = _checked_library(efd, path, record)
+            if fd is None:
+                return None
+        finally:
+            os.close(efd)
+    finally:
+        os.close(entries_fd)
+    record_event(os.path.join(base, "events"), _hit_line(key, record.name), 0o600)
+    COUNTED.add((os.path.dirname(base), key))
+    return Hit(key, path, fd, record)
+
+
+def counted_here(root: str, key: str) -> bool:
+    # True (once) if this process already counted a hit of ``key`` in ``root`` through a record:
+    # the full path's lookup of the same entry (a later ``get_or_build``) is then not a second hit.
+    try:
+        COUNTED.remove((root, key))
+    except KeyError:
+        return False
+    return True
+
+
+def _checked_library(efd: int, path: str, record: HitRecord) -> int | None:
+    # The library's fd, opened without following a link, trust-checked and (once per process
+    # per file) checksummed through that descriptor; kept in ``LIB_FDS``.
+    with PROCESS_LOCK:
+        kept = LIB_FDS.get(path)
+    if kept is not None:
+        st = os.fstat(kept)
+        if VERIFIED.get(path) == (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns):
+            return kept
+        return None
+    fd = os.open(record.library, O_READ, dir_fd=efd)
+    try:
+        st = os.fstat(fd)
+        ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if not stat.S_ISREG(st.st_mode) or not private_ok(st) or st.st_size > LIBRARY_CAP:
+            os.close(fd)
+            return None
+        if VERIFIED.get(path) != ident:
+            if st.st_size != record.size or sha256_fd(fd, st.st_size) != record.sha256:
+                os.close(fd)
+                return None  # the full path quarantines it
+            VERIFIED[path] = ident
+    except BaseException:
+        os.close(fd)
+        raise
+    with PROCESS_LOCK:
+        keep = LIB_FDS.setdefault(path, fd)
+    if keep != fd:
+        os.close(fd)
+    return keep
+
+
+def _pin(base: str, base_fd: int, key: str) -> bool:
+    # The shared pin of :meth:`stubcache.storage.store.Store.pin` in a private root, without waiting:
+    # False if it cannot be taken at once (the full path waits, bounded, and says why).
+    slot = (os.path.dirname(base), key)
+    if slot in PINS:
+        return True
+    import fcntl
+
+    pfd = open_private_dir_at(base_fd, "pins")
+    try:
+        try:
+            fd = os.open(key, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_CREAT, 0o600,
+                         dir_fd=pfd)
+        except OSError:
+            return False
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                os.close(fd)
+                return False
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                return False
+            if os.stat(key, dir_fd=pfd, follow_symlinks=False).st_ino != st.st_ino:
+                os.close(fd)
+                return False  # prune replaced it meanwhile
+            if st.st_atime_ns == NEVER_HIT_ATIME_NS or time.time() - st.st_mtime > LAST_USED_RESOLUTION:
+                touch(fd, st)
+        except BaseException:
+            os.close(fd)
+            raise
+    finally:
+        os.close(pfd)
+    with PROCESS_LOCK:
+        if slot in PINS:
+            os.close(fd)
+        else:
+            PINS[slot] = fd
+    return True
+
+
+def touch(fd: int, st: os.stat_result) -> None:
+    # Set a pin's times to now (the last-used stamp), where that cannot reach another file: a
+    # pin with one link (a member's hard link to a file outside the root has two), and as root
+    # only our own. Best-effort: never fails a load.
+    try:
+        if st.st_nlink == 1 and (os.geteuid() != 0 or st.st_uid == 0):
+            os.utime(fd)
+    except OSError:
+        pass
+
+
+def load(hit: Hit) -> CDLL | None:
+    # ``dlopen`` a verified hit's library by its real path, then check the mapping against the
+    # checksummed descriptor; ``None`` (nothing left loaded) if the mapping is not that file.
+    real = REAL_PATHS.get(hit.path)
+    if real is None:
+        real = REAL_PATHS[hit.path] = os.path.realpath(hit.path)
+    return _load_checked(real, os.fstat(hit.fd), hit.fd)
+
+
+# --- what the loader mapped (the direct way of stubcache.storage.mapped) ---------------------------------
+
+MAPPED: set[str] = set()  # paths loaded and whose mapping was checked in this process
+_RTLD_DI_LINKMAP = 2
+_PT_LOAD = 1
+_dlinfo: Any = None  # libc's dlinfo through ctypes, looked up on first use (False: unavailable)
+
+
+def _load_address(handle: int) -> int | None:
+    # ``l_addr`` of the loaded object ``handle`` (``dlinfo(RTLD_DI_LINKMAP)``), or ``None``.
+    global _dlinfo
+    import ctypes
+
+    if _dlinfo is None:
+        try:
+            _dlinfo = ctypes.CDLL(None).dlinfo
+            _dlinfo.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
+        except (OSError, AttributeError):
+            _dlinfo = False
+    if not _dlinfo:
+        return None
+    lm = ctypes.c_void_p()
+    if _dlinfo(handle, _RTLD_DI_LINKMAP, ctypes.byref(lm)) != 0 or not lm.value:
+        return None
+    return ctypes.c_size_t.from_address(lm.value).value  # struct link_map's first field, l_addr
+
+
+def program_header(fd: int, p_type: int) -> tuple[int, int, int] | None:
+    # ``(p_offset, p_vaddr, p_filesz)`` of the first program header of type ``p_type`` in the
+    # ELF64 little-endian file open as ``fd`` (read with ``pread``); ``None`` if there is none or
+    # the file is not such an ELF file. (stubcache.build.loadcheck reads PT_INTERP with it.)
+    head = os.pread(fd, 64, 0)
+    if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+        return None
+    phoff = int.from_bytes(head[32:40], "little")
+    phentsize = int.from_bytes(head[54:56], "little")
+    phnum = int.from_bytes(head[56:58], "little")
+    if phentsize < 56 or not 0 < phnum < 256:
+        return None
+    table = os.pread(fd, phentsize * phnum, phoff)
+    for i in range(0, len(table) - 55, phentsize):
+        if int.from_bytes(table[i:i + 4], "little") == p_type:
+            return (int.from_bytes(table[i + 8:i + 16], "little"), int.from_bytes(table[i + 16:i + 24], "little"),
+                    int.from_bytes(table[i + 32:i + 40], "little"))
+    return None
+
+
+def first_segment(fd: int, handle: int) -> str | None:
+    # ``/proc/self/map_files`` name of the first loadable segment of the object ``handle``,
+    # whose file is open as ``fd``: ``start-end`` as the loader maps it (page-aligned ``p_vaddr``
+    # to ``p_vaddr + p_filesz``, shifted by the load address). ``None`` if not ELF64 little-endian.
+    found = program_header(fd, _PT_LOAD)
+    if found is None:
+        return None
+    _, vaddr, filesz = found
+    base = _load_address(handle)
+    if base is None:
+        return None
+    page = os.sysconf("SC_PAGE_SIZE")
+    start = base + (vaddr & ~(page - 1))
+    end = base + ((vaddr + filesz + page - 1) & ~(page - 1))
+    return f"{start:x}-{end:x}"
+
+
+def _mapped_ok(real: str, st: os.stat_result, handle: int, fd: int) -> bool:
+    # The direct way of :func:`stubcache.storage.mapped.check_mapped`: True if the object's first
+    # mapping is the verified file (or ``real`` passed before in this process); False if that
+    # cannot be established here (the full path then runs the whole check and decides).
+    if real in MAPPED:
+        return True
+    try:
+        span = first_segment(fd, handle)
+        mapped = os.stat(f"/proc/self/map_files/{span}") if span else None
+    except (OSError, ValueError, OverflowError):
+        mapped = None
+    if mapped is not None and (mapped.st_dev, mapped.st_ino) == (st.st_dev, st.st_ino):
+        MAPPED.add(real)
+        return True
+    return False
+
+
+def _load_checked(real: str, st: os.stat_result, fd: int) -> CDLL | None:
+    # ``dlopen`` ``real`` and check its mapping against ``fd``; ``None`` (unloaded) on a mismatch.
+    import ctypes
+
+    lib = ctypes.CDLL(real)
+    if not _mapped_ok(real, st, lib._handle, fd):
+        import _ctypes
+
+        _ctypes.dlclose(lib._handle)
+        return None
+    return lib
+
+
+# --- events --------------------------------------------------------------------------------------
+
+
+def _hit_line(key: str, name: str) -> bytes:
+    # key and name are checked plain (hex, identifier): no JSON escaping can be needed
+    return b'{"t":%r,"ev":"hit","key":"%s","name":"%s"}\n' % (round(time.time(), 3), key.encode(), name.encode())
+
+
+def record_event(events_dir: str, line: bytes, mode: int) -> None:
+    # Append one event line to this process's event file under ``events_dir`` (made on the
+    # first event, with ``mode``, never through a link, and held with a shared ``flock`` as the
+    # "alive" marker before any write; see :mod:`stubcache.storage.events`). Never fails a load.
+    try:
+        with _event_lock:
+            pid = os.getpid()
+            known = _event_fds.get(events_dir)
+            if known is None or known[1] != pid:  # reopen after fork
+                fd = _open_event_file(events_dir, pid, mode)
+                if fd is None:
+                    return
+                _event_fds[events_dir] = (fd, pid)
+            else:
+                fd = known[0]
+            os.write(fd, line)
+    except (OSError, ValueError):
+        pass
+
+
+def _open_event_file(events_dir: str, pid: int, mode: int) -> int | None:
+    import fcntl
+
+    node = os.uname().nodename
+    if not node or "/" in node or node in (".", ".."):
+        node = "host"
+    dfd = os.open(events_dir, O_DIR)
+    try:
+        fd = os.open(f"{node}-{pid}-{os.urandom(6).hex()}.jsonl",
+                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_APPEND, mode,
+                     dir_fd=dfd)
+    finally:
+        os.close(dfd)
+    try:
+        os.fchmod(fd, mode)
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # "alive" marker; never waits
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+# --- a caller's build_directory ------------------------------------------------------------------
+
+
+def placed_copy(dfd: int, name: str, size: int, sha256: str) -> tuple[int, os.stat_result] | None:
+    # An fd on ``name`` in the build directory open as ``dfd`` if it already is our copy of a
+    # library of ``size`` bytes and checksum ``sha256`` (a regular file of ours, one link, writable
+    # by nobody else, those bytes), else None (see :mod:`stubcache.dropin.builddir`).
+    try:
+        fd = os.open(name, O_READ, dir_fd=dfd)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if (stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_nlink == 1
+                and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+                and st.st_size == size and sha256_fd(fd, size) == sha256):
+            return fd, st
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def build_directory_problem(st: os.stat_result) -> str | None:
+    # Why a build directory (its ``fstat``) cannot take a library, or ``None``: it must belong
+    # to this user or root and not be writable by others unless sticky.
+    if st.st_uid not in (os.geteuid(), 0):
+        return (f"it belongs to uid {st.st_uid}, not to you or root; another user could replace the "
+                "library after it is written there")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        return (f"it is writable by others (mode {stat.S_IMODE(st.st_mode):o}) and not sticky; another "
+                "user could replace the library after it is written there")
+    return None
+
+
+def load_placed(hit: Hit, directory: str, module_name: str) -> str | None:
+    # For a drop-in call with a ``build_directory``: if ``<directory>/<module_name>.so`` already
+    # is our verified copy of the hit's library, load that very file (by its real path, then the
+    # mapping checked against the descriptor it was checksummed through) and return the path as
+    # torch would; else ``None`` (the full path copies it there). Holds the directory's ``flock``
+    # while it looks, as :func:`stubcache.dropin.builddir.place` does, without waiting for it.
+    import fcntl
+
+    name = f"{module_name}.so"
+    try:
+        dfd = os.open(directory, O_DIR)
+    except OSError:
+        return None
+    try:
+        if build_directory_problem(os.fstat(dfd)) is not None:
+            return None
+        try:
+            fcntl.flock(dfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return None
+        found = placed_copy(dfd, name, hit.record.size, hit.record.sha256)
+        if found is None:
+            return None
+        fd, st = found
+        try:
+            path = os.path.join(directory, name)
+            if _load_checked(os.path.realpath(path), st, fd) is None:
+                return None
+            return path
+        finally:
+            os.close(fd)
+    finally:
+        os.close(dfd)  # drops the flock

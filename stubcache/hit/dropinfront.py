@@ -2,7 +2,7 @@
 
 An engine calls ``load_inline`` once per stub at start-up, right after ``import torch``; on a
 warm host every such call is a hit, and the modules a hit imports are most of its cost. So the
-call first asks :mod:`stubcache.hit.hitpath` for the record the full drop-in left for the very same
+call first asks :mod:`stubcache.hit` for the record the full drop-in left for the very same
 call (see there for what a record is and every check a hit through it makes), and only if there
 is none, or the call is one the record cannot answer (a Python module, CUDA, include paths,
 ``verbose``, a setting to check, a second version of a name in this process), runs the full
@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import time
 
-from . import hitpath
+from .. import hit
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
 if TYPE_CHECKING:
@@ -77,14 +77,14 @@ def load_inline(
             and with_sycl is None and with_cuda is not True and gil_not_used is False and type(name) is str
             and name.isascii() and name.isidentifier()
             and cpp_sources and (build_directory is None or type(build_directory) is str)
-            and hitpath.quick_settings()):
-        call = tuple([hitpath.frozen(args[f]) for f in FORWARDED])
-        known = hitpath.versions.get(name)
-        root = hitpath.default_root()
+            and hit.quick_settings()):
+        call = tuple([hit.frozen(args[f]) for f in FORWARDED])
+        known = hit.versions.get(name)
+        root = hit.default_root()
         if (known is None or known == (0, call)) and root is not None:
-            digest = hitpath.request_digest("load_inline", (name, call))
-            hit = hitpath.find(root, digest) if digest is not None else None
-            if hit is None and digest is not None:
+            digest = hit.request_digest("load_inline", (name, call))
+            found = hit.find(root, digest) if digest is not None else None
+            if found is None and digest is not None:
                 # No record: one process at a time serves this call and leaves the record; the
                 # others wait for it and take that (see StubCache.load).
                 since = time.time()
@@ -93,14 +93,14 @@ def load_inline(
                 turn = requestlock.request_turn(root, digest)
                 if turn == requestlock.WAITED:
                     turn = None
-                    hit = hitpath.find(root, digest)
-            if hit is not None:
-                result = _load(hit, build_directory, name)
+                    found = hit.find(root, digest)
+            if found is not None:
+                result = _load(found, build_directory, name)
                 if result is not None:
                     if turn is not None:
                         os.close(turn)
-                    with hitpath.versions_lock:
-                        hitpath.versions.setdefault(name, (0, call))
+                    with hit.versions_lock:
+                        hit.versions.setdefault(name, (0, call))
                     return result
     try:
         from ..dropin import compat
@@ -111,12 +111,12 @@ def load_inline(
             os.close(turn)  # the record is there (or cannot be): the next process's turn
 
 
-def _load(hit: hitpath.Hit, build_directory: str | None, name: str) -> str | None:
+def _load(found: hit.Hit, build_directory: str | None, name: str) -> str | None:
     if build_directory is not None:
-        return hitpath.load_placed(hit, build_directory, name)
-    if hitpath.load(hit) is None:
+        return hit.load_placed(found, build_directory, name)
+    if hit.load(found) is None:
         return None
-    return hitpath.REAL_PATHS[hit.path]  # the real path it was loaded (and checked) by
+    return hit.REAL_PATHS[found.path]  # the real path it was loaded (and checked) by
 
 
-setattr(load_inline, hitpath.DROPIN_MARK, True)
+setattr(load_inline, hit.DROPIN_MARK, True)

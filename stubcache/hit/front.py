@@ -4,7 +4,7 @@
 An engine's start makes one cache and loads a few stubs. On a warm host each ``load`` is a hit,
 and importing the cache (its store, fingerprint, trust and build machinery) would cost more than
 the hit itself; so a :class:`StubCache` made where no setting needs checking is a light object
-until something needs the whole cache: ``load`` first asks :mod:`stubcache.hit.hitpath` for the
+until something needs the whole cache: ``load`` first asks :mod:`stubcache.hit` for the
 record the full path left for the same spec (every check a hit makes is made there), and any
 other method or attribute, or a ``load`` that the record cannot answer, goes to the
 :class:`~stubcache.cache.core.CacheCore` made on first use, with the same arguments.
@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import time
 
-from . import hitpath
+from .. import hit
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
 if TYPE_CHECKING:
@@ -51,8 +51,8 @@ class StubCache:
         self._args = (root, lock_timeout, seeds)
         self._core: CacheCore | None = None
         quick_root = None
-        if seeds is None and hitpath.quick_settings():
-            quick_root = hitpath.default_root() if root is None else os.path.abspath(os.fspath(root))
+        if seeds is None and hit.quick_settings():
+            quick_root = hit.default_root() if root is None else os.path.abspath(os.fspath(root))
         self._quick_root = quick_root
         if quick_root is None:  # settings to check now, seed stores, no known root: the whole cache
             self._full()
@@ -93,9 +93,9 @@ class StubCache:
             from ..key.spec import StubSpec  # loaded already: the caller made the spec
 
             if type(spec) is StubSpec:
-                digest = hitpath.request_digest("spec", (spec.canonical(),))
-                hit = hitpath.find(root, digest) if digest is not None else None
-                if hit is None and digest is not None:
+                digest = hit.request_digest("spec", (spec.canonical(),))
+                found = hit.find(root, digest) if digest is not None else None
+                if found is None and digest is not None:
                     # No record: one process at a time serves this request (and leaves the
                     # record); the others wait for it and take its record (a herd's waiters
                     # then import nothing more than this).
@@ -105,9 +105,9 @@ class StubCache:
                     turn = requestlock.request_turn(root, digest, make_root=True)  # a valid request: a spec
                     if turn == requestlock.WAITED:
                         turn = None
-                        hit = hitpath.find(root, digest)
-                if hit is not None:
-                    lib = hitpath.load(hit)
+                        found = hit.find(root, digest)
+                if found is not None:
+                    lib = hit.load(found)
                     if lib is not None:
                         if turn is not None:
                             os.close(turn)

@@ -1,7 +1,7 @@
 """Whose turn it is to serve a request that has no hit record yet (a miss only: the hit path
 does not import this module). A herd of engines starting at once on one key: one process serves
 the request and leaves the record, the others wait for it and take that record through
-:mod:`stubcache.hit.hitpath`."""
+:mod:`stubcache.hit`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 import stat
 import threading
 
-from .hitpath import open_state, private_ok
+from . import open_state, private_ok
 
 # How long a request waits for another process that is serving it (building, usually) before it
 # takes the full path itself, which waits on the key's build lock, bounded, with the notice and

@@ -17,7 +17,7 @@ import threading
 
 from ..edge import cjson
 from hashlib import sha256
-from ..hit.hitpath import path_sig, torch_is
+from ..hit import path_sig, torch_is
 from .memofile import load_json, write_json
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
@@ -102,7 +102,7 @@ def torch_dir() -> str | None:
 # there; toolchain.import_path_checks), so that an engine writing into its script directory
 # keeps the memo. MEMO_LAYOUT names the memo's form: a stubcache that checks no shadows never
 # reads one that has them.
-MEMO_LAYOUT = 3  # 3: shadows may name hitpath.ANY_PTH, relative entries as given; 2: "shadows" (plain import path directories)
+MEMO_LAYOUT = 3  # 3: shadows may name hit.ANY_PTH, relative entries as given; 2: "shadows" (plain import path directories)
 
 
 def fast_memo_path(state_dir: str, env: dict[str, Any]) -> str:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import time
 
-from ..hit.hitpath import appeared
+from ..hit import appeared
 from ..storage.store import file_sha256
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing

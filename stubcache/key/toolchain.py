@@ -14,7 +14,7 @@ import stat
 import sys
 
 from hashlib import sha256
-from ..hit.hitpath import ANY_PTH, KNOWN_PTH, path_sig
+from ..hit import ANY_PTH, KNOWN_PTH, path_sig
 from .inputs import dir_sig, recordable
 from .memofile import load_json, write_json
 
@@ -668,9 +668,9 @@ def import_path_checks(entries: Sequence[object], sites: Sequence[str] | None, t
       absent entry (it may appear as either), an entry that is not a ``str``; every entry if
       ``sites`` is ``None``.
 
-    Every directory row also watches for a ``.pth`` file appearing (:data:`~stubcache.hit.hitpath.ANY_PTH`:
+    Every directory row also watches for a ``.pth`` file appearing (:data:`~stubcache.hit.ANY_PTH`:
     ``site.addsitedir`` may be called on any directory); the ``.pth`` files there already (a
-    checkpoint named ``model.pth``) are allowed in the row (:data:`~stubcache.hit.hitpath.KNOWN_PTH`)
+    checkpoint named ``model.pth``) are allowed in the row (:data:`~stubcache.hit.KNOWN_PTH`)
     and are validators themselves (one rewritten in place changes no directory). The entries
     after torch's are checked too, for what start-up processes (``.pth`` files,
     ``sitecustomize``/``usercustomize``); a directory met twice keeps everything either occurrence

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from ..edge import cjson
-from ..hit import hitpath
+from .. import hit
 
 class Event:
     """The event names (the ``"ev"`` field of each line): every writer records one of these and
@@ -63,4 +63,4 @@ def record(events_dir: str, event: str, key: str = "", seconds: float | None = N
         rec["s"] = round(seconds, 6)
     rec.update(extra)
     line = (cjson.dumps(rec, separators=(",", ":")) + "\n").encode()
-    hitpath.record_event(events_dir, line, file_mode)  # one file per process, shared with the hit path
+    hit.record_event(events_dir, line, file_mode)  # one file per process, shared with the hit path

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..edge import cjson
-from ..hit.hitpath import MANIFEST_NAME as MANIFEST_NAME  # one spelling, shared with the compact hit path
+from ..hit import MANIFEST_NAME as MANIFEST_NAME  # one spelling, shared with the compact hit path
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
 if TYPE_CHECKING:

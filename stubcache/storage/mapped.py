@@ -38,9 +38,9 @@ def _mappings(path: str) -> list[tuple[int, int, str]]:
     return out
 
 
-# The direct way's pieces live in stubcache.hit.hitpath, which checks a recorded hit's mapping
+# The direct way's pieces live in stubcache.hit, which checks a recorded hit's mapping
 # without importing this module; both share the set of paths already checked.
-from ..hit.hitpath import MAPPED as _checked, first_segment as _first_segment  # noqa: E402
+from ..hit import MAPPED as _checked, first_segment as _first_segment  # noqa: E402
 
 def check_mapped(path: str, st: os.stat_result, sha256: str, handle: int | None = None,
                  fd: int | None = None) -> None:

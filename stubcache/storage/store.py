@@ -29,11 +29,11 @@ from . import locking
 from hashlib import sha256
 from ..edge.fsroot import check_name
 # The layout's name and the last-used rules, shared with the compact hit path, which pins too.
-from ..hit.hitpath import LAST_USED_RESOLUTION as LAST_USED_RESOLUTION
-from ..hit.hitpath import LAYOUT as LAYOUT
-from ..hit.hitpath import NEVER_HIT_ATIME_NS as NEVER_HIT_ATIME_NS
-from ..hit.hitpath import touch as _touch_pin
-from ..hit.hitpath import HitRecord, open_state, record_name
+from ..hit import LAST_USED_RESOLUTION as LAST_USED_RESOLUTION
+from ..hit import LAYOUT as LAYOUT
+from ..hit import NEVER_HIT_ATIME_NS as NEVER_HIT_ATIME_NS
+from ..hit import touch as _touch_pin
+from ..hit import HitRecord, open_state, record_name
 from .manifest import MANIFEST_NAME, Manifest
 from .trust import TrustPolicy
 
@@ -560,7 +560,7 @@ _BASE_LOCK = threading.Lock()
 
 
 def _touch(fd: int | None, st: os.stat_result | None = None) -> None:
-    """Set a pin's times to now (the last-used stamp): :func:`stubcache.hit.hitpath.touch`."""
+    """Set a pin's times to now (the last-used stamp): :func:`stubcache.hit.touch`."""
     if fd is None:
         return
     try:
@@ -581,7 +581,7 @@ def is_key(name: str) -> bool:
 
 def write_hit_record(root: str, digest: str, record: HitRecord) -> None:
     """Write ``record`` for ``digest`` under ``root``'s ``state/`` (atomically, mode ``0600``),
-    for :mod:`stubcache.hit.hitpath` to read. Best-effort: a root that cannot take it just keeps
+    for :mod:`stubcache.hit` to read. Best-effort: a root that cannot take it just keeps
     taking the full path."""
     try:
         state_fd = open_state(root)

@@ -14,7 +14,7 @@ import stat
 
 from ..edge import settings
 from ..edge.errors import TrustError, UntrustedRootError
-from ..hit.hitpath import CONFIG_NAME as CONFIG_NAME  # at the root, beside v1/ (the compact hit path checks it too)
+from ..hit import CONFIG_NAME as CONFIG_NAME  # at the root, beside v1/ (the compact hit path checks it too)
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
