@@ -34,13 +34,13 @@ if TYPE_CHECKING:  # what __getattr__ below returns for each name, for type chec
                               TrustError, UnsupportedError)
     from .hit.dropinfront import load_inline
     from .hit.front import StubCache
-    from .key.spec import StubSpec
+    from .key import StubSpec
     from .storage.manifest import Manifest, __version__
 
 # Every name is imported when first used: an engine's warm ``stubcache.load_inline`` call needs
 # only the drop-in's front and the compact hit path (stubcache.hit.dropinfront and the package stubcache.hit), not
 # the cache, the spec or the errors, each of which costs an engine process ~0.1 ms or more.
-_LAZY = {"Entry": "cache.core", "StubCache": "hit.front", "StubSpec": "key.spec", "Manifest": "storage.manifest",
+_LAZY = {"Entry": "cache.core", "StubCache": "hit.front", "StubSpec": "key", "Manifest": "storage.manifest",
          "__version__": "storage.manifest", "BuildError": "edge.errors", "CacheMissError": "edge.errors",
          "IntegrityError": "edge.errors", "LockTimeoutError": "edge.errors", "StubCacheError": "edge.errors",
          "TrustError": "edge.errors", "UnsupportedError": "edge.errors", "load_inline": "hit.dropinfront",

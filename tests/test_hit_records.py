@@ -8,6 +8,7 @@ import json
 import os
 import stat
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +16,7 @@ from stubcache.dropin import compat
 from stubcache.edge import fsroot
 from stubcache import hit as hitpath  # the compact hit path: the hit layer's package module
 from stubcache.hit import requestlock
-from stubcache.key.spec import FIELDS
+from stubcache.key import FIELDS
 
 from .conftest import run_py
 
@@ -181,6 +182,18 @@ def test_a_record_goes_stale_when_the_compiler_changes(cache_root, cxx):
     assert load()[:2] == (1, False)
     assert cxx.compiles() == n + 1  # rebuilt under the new compiler's key, not served from the record
     assert load()[:2] == (1, True)  # and the new record serves the next process
+
+
+def test_a_record_watches_the_source_of_every_module_that_decides_a_key(cache_root, cxx):
+    """Each file of hit.KEY_MODULE_FILES exists (a package's own module is its __init__.py), and
+    a record holds a signature for each: an upgrade or an edit of one stales the record."""
+    package = Path(hitpath.__file__).resolve().parent.parent
+    files = {str(package / rel) for rel in hitpath.KEY_MODULE_FILES}
+    assert all(os.path.isfile(f) for f in files), [f for f in files if not os.path.isfile(f)]
+    warm(load)
+    rows = {path: sig for path, sig in json.loads(records(cache_root)[0].read_text())["validators"]}
+    watched = {os.path.realpath(p) for p, sig in rows.items() if sig is not None}
+    assert {os.path.realpath(f) for f in files} <= watched
 
 
 def test_a_record_goes_stale_when_a_key_variable_changes(cache_root, cxx):

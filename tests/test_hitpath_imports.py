@@ -118,7 +118,7 @@ def test_a_hit_imports_only_what_it_needs(cache_root, tmp_path):
     loaded = set(proc.stdout.split())
     # The compact hit path (stubcache.hit.front, stubcache.hit; docs/performance.md): the spec the
     # caller made, JSON without json (this process has none), nothing else.
-    expected = HIT_MODULES | {"stubcache.hit.front", "stubcache.key", "stubcache.key.spec"}
+    expected = HIT_MODULES | {"stubcache.hit.front", "stubcache.key"}
     assert {m for m in loaded if m.startswith("stubcache")} == expected, loaded
     heavy = {"json", "typing", "re", "enum", "logging", "subprocess", "shutil",
              "tempfile", "pathlib", "dataclasses", "signal", "importlib.util", "torch", "filelock",

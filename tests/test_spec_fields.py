@@ -1,4 +1,4 @@
-"""The spec's field table (stubcache.key.spec.FIELDS) and everything derived from it.
+"""The spec's field table (stubcache.key.FIELDS) and everything derived from it.
 
 The literal keys, canonical forms, JSON texts and error messages below were taken from the code
 before the table existed (commit 46350cd, one explicit line per field in six places). Keys of
@@ -23,7 +23,7 @@ from stubcache import StubSpec
 from stubcache.dropin import compat
 from stubcache.build.builder import load_inline_kwargs
 from stubcache.key.derive import base_key
-from stubcache.key.spec import FIELD_NAMES, FIELDS, PASS, REQUIRED, REWRITE, _is_c_name, spec_from_canonical
+from stubcache.key import FIELD_NAMES, FIELDS, PASS, REQUIRED, REWRITE, _is_c_name, spec_from_canonical
 
 C_SRC = 'extern "C" int value(void) { return 1; }'
 # A fixed fingerprint, so that the key depends on the spec alone (the real one is per machine).

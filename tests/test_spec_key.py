@@ -159,7 +159,7 @@ def test_torch_include_rule_is_the_regex(src):
     """The torch-include rule without re answers as the regex it replaced."""
     import re
 
-    from stubcache.key.spec import _includes_torch_header
+    from stubcache.key import _includes_torch_header
 
     regex = r'#\s*include\s*[<"](?:torch|ATen|c10|pybind11|caffe2)/'
     assert _includes_torch_header(src) == (re.search(regex, src) is not None)

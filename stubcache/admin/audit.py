@@ -16,7 +16,7 @@ from typing import Any, Sequence
 from ..edge.errors import BuildError, TrustError
 from ..key.derive import diff_preimages
 from ..storage.manifest import MANIFEST_NAME, Manifest
-from ..key.spec import spec_from_canonical
+from ..key import spec_from_canonical
 from ..storage.store import Store, file_sha256
 
 UNCOVERED = "the key does not cover an input"

@@ -15,7 +15,7 @@ import os
 import re
 from typing import Any
 
-from ..key.spec import StubSpec
+from ..key import StubSpec
 
 _REF_RE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*\Z")
 

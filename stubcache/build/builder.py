@@ -23,7 +23,7 @@ from ..edge import log, progress
 from . import buildinputs, loadcheck
 from ..edge.errors import BuildError
 from ..key.fingerprint import torch_dir
-from ..key.spec import FIELDS, PASS, StubSpec
+from ..key import FIELDS, PASS, StubSpec
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:

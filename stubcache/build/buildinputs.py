@@ -13,7 +13,7 @@ import subprocess
 from ..key import inputs, tracking
 from ..key.flagscan import FlagScan, scan
 from ..key.fingerprint import torch_dir
-from ..key.spec import StubSpec
+from ..key import StubSpec
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:

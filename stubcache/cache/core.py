@@ -20,7 +20,7 @@ from ..storage.events import Event
 from ..key.derive import base_key, entry_key, preimage
 from ..storage.manifest import MANIFEST_NAME, Manifest, __version__
 from ..storage.mapped import check_mapped
-from ..key.spec import StubSpec
+from ..key import StubSpec
 from ..key.inputs import CLOCK_SLACK_NS, absent_paths, still_valid
 from ..storage.store import LAYOUT, Store, default_root, file_sha256, inputs_memo_name, write_hit_record
 from ..storage.trust import TrustPolicy, check_dir, loader_policy, private_policy
@@ -355,7 +355,7 @@ class CacheCore:
         if tracked is None:
             return False
         package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # stubcache/
-        code = [os.path.join(package, *mod.split(".")[1:]) + ".py" for mod in hit.KEY_MODULES]
+        code = [os.path.join(package, *rel.split("/")) for rel in hit.KEY_MODULE_FILES]
         record = hit.HitRecord(
             key=entry.key, base=m.base_key, name=spec.name, library=m.library, sha256=m.sha256, size=m.size,
             manifest=manifest_sig, env=[[n, os.environ.get(n)] for n in KEY_ENV_VARS],

@@ -13,7 +13,7 @@ from ..hit import frozen, versioned, versions as _versions, versions_lock
 from ..key.fingerprint import env_snapshot
 from ..build.torchjit import mark
 from ..edge.errors import UnsupportedError
-from ..key.spec import FIELDS, StubSpec
+from ..key import FIELDS, StubSpec
 from ..storage.store import default_root  # all three loaded with .cache: a function-level import costs ~1.5 us a call
 
 Unsupported = UnsupportedError  # its name before errors.py held it (docs/cache.md quoted it)

@@ -72,11 +72,11 @@ _FS_ENCODING = sys.getfilesystemencoding()  # os.fsencode's (os.environ's names 
 LIBRARY_CAP = 4 << 30  # stubcache.edge.fsroot.LIBRARY_CAP
 LAST_USED_RESOLUTION = 1.0  # seconds: a hit rewrites a last-used stamp older than this
 NEVER_HIT_ATIME_NS = 0  # a pin's atime from publish until its first hit (see Store.publish)
-# The modules whose code decides a key: a record holds only while their files are unchanged
-# (an upgrade of stubcache replaces them).
-KEY_MODULES = ("stubcache.key.spec", "stubcache.key.flagscan", "stubcache.edge.kpath", "stubcache.key.fingerprint",
-               "stubcache.key.toolchain", "stubcache.key.derive", "stubcache.storage.manifest",
-               "stubcache.dropin.compat", "stubcache.hit.dropinfront", "stubcache.hit")
+# The source files (under the package directory) of the modules whose code decides a key: a
+# record holds only while they are unchanged (an upgrade of stubcache replaces them). A package's
+# own module is its __init__.py (tests/test_hit_records.py checks that each exists).
+KEY_MODULE_FILES = ("key/__init__.py", "key/flagscan.py", "edge/kpath.py", "key/fingerprint.py", "key/toolchain.py",
+                    "key/derive.py", "storage/manifest.py", "dropin/compat.py", "hit/dropinfront.py", "hit/__init__.py")
 _FLAG_VALUES = ("", "0", "1", "true", "false", "yes", "no", "on", "off")  # stubcache.edge.settings' flag words
 # The variables stubcache reads that need the full path (each is validated there, and may change
 # what a hit means). A hit through a record runs under the others: STUBCACHE_DIR (the root it

@@ -21,7 +21,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path
 if TYPE_CHECKING:
     from typing import Any, Sequence
 
-# load_inline's parameters that become spec fields, in stubcache.key.spec.FIELDS' order (the name
+# load_inline's parameters that become spec fields, in stubcache.key.FIELDS' order (the name
 # aside): a call is these values, frozen, as stubcache.dropin.compat forms it from FIELDS
 # (tests/test_hitpath_imports.py checks that the two agree).
 FORWARDED = ("cpp_sources", "cuda_sources", "functions", "extra_cflags", "extra_cuda_cflags", "extra_ldflags",

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from ..cache.core import CacheCore, Entry
-    from ..key.spec import StubSpec
+    from ..key import StubSpec
 
 
 class StubCache:
@@ -90,7 +90,7 @@ class StubCache:
         since = None
         root = self._quick_root
         if root is not None and self._core is None:  # (once the whole cache is made, its memo answers)
-            from ..key.spec import StubSpec  # loaded already: the caller made the spec
+            from ..key import StubSpec  # loaded already: the caller made the spec
 
             if type(spec) is StubSpec:
                 digest = hit.request_digest("spec", (spec.canonical(),))
