@@ -189,6 +189,9 @@ def test_a_record_watches_the_source_of_every_module_that_decides_a_key(cache_ro
     a record holds a signature for each: an upgrade or an edit of one stales the record."""
     package = Path(hitpath.__file__).resolve().parent.parent
     files = {str(package / rel) for rel in hitpath.KEY_MODULE_FILES}
+    # Besides the key's own modules: the fronts that form each request's digest, and the JSON
+    # writer whose text derive hashes into every key (edits inside one install stale the record).
+    assert {"hit/front.py", "hit/dropinfront.py", "edge/cjson.py", "key/derive.py"} <= set(hitpath.KEY_MODULE_FILES)
     assert all(os.path.isfile(f) for f in files), [f for f in files if not os.path.isfile(f)]
     warm(load)
     rows = {path: sig for path, sig in json.loads(records(cache_root)[0].read_text())["validators"]}

@@ -76,7 +76,8 @@ NEVER_HIT_ATIME_NS = 0  # a pin's atime from publish until its first hit (see St
 # record holds only while they are unchanged (an upgrade of stubcache replaces them). A package's
 # own module is its __init__.py (tests/test_hit_records.py checks that each exists).
 KEY_MODULE_FILES = ("key/__init__.py", "key/flagscan.py", "edge/kpath.py", "key/fingerprint.py", "key/toolchain.py",
-                    "key/derive.py", "storage/manifest.py", "dropin/compat.py", "hit/dropinfront.py", "hit/__init__.py")
+                    "key/derive.py", "edge/cjson.py", "storage/manifest.py", "dropin/compat.py", "hit/dropinfront.py",
+                    "hit/front.py", "hit/__init__.py")
 _FLAG_VALUES = ("", "0", "1", "true", "false", "yes", "no", "on", "off")  # stubcache.edge.settings' flag words
 # The variables stubcache reads that need the full path (each is validated there, and may change
 # what a hit means). A hit through a record runs under the others: STUBCACHE_DIR (the root it
