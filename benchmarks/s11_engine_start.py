@@ -66,16 +66,16 @@ src = open(sys.argv[1]).read()
 t0 = pc()
 import stubcache
 t1 = pc()
-from stubcache import hit as hitpath
+from stubcache import hit
 from stubcache.hit import front  # with the package: what StubCache().load's first call imports
 t2 = pc()
 spec = stubcache.StubSpec(sys.argv[2], src, is_python_module=False, no_implicit_headers=True)
-digest = hitpath.request_digest("spec", (spec.canonical(),))
+digest = hit.request_digest("spec", (spec.canonical(),))
 t3 = pc()
-hit = hitpath.find(hitpath.default_root(), digest)
-assert hit is not None, "no hit record: the compact path did not answer"
+found = hit.find(hit.default_root(), digest)
+assert found is not None, "no hit record: the compact path did not answer"
 t4 = pc()
-assert hitpath.load(hit) is not None
+assert hit.load(found) is not None
 t5 = pc()
 mods = sorted(m for m in set(sys.modules) - before if m.startswith("stubcache"))
 # What unmarshalling those modules' bytecode alone costs (a part of "import"), timed again here.

@@ -14,7 +14,7 @@ import pytest
 
 from stubcache.dropin import compat
 from stubcache.edge import fsroot
-from stubcache import hit as hitpath  # the compact hit path: the hit layer's package module
+from stubcache import hit  # the compact hit path: the hit layer's package module
 from stubcache.hit import requestlock
 from stubcache.key import FIELDS
 
@@ -63,7 +63,7 @@ def test_forwarded_fields_and_flags_agree_with_the_full_modules():
     from stubcache.hit import dropinfront as front
 
     assert front.FORWARDED == compat._FORWARDED
-    assert (hitpath.O_DIR, hitpath.O_READ, hitpath.LIBRARY_CAP) == (fsroot.O_DIR, fsroot.O_READ, fsroot.LIBRARY_CAP)
+    assert (hit.O_DIR, hit.O_READ, hit.LIBRARY_CAP) == (fsroot.O_DIR, fsroot.O_READ, fsroot.LIBRARY_CAP)
 
 
 def test_default_root_is_platformdirs_on_linux(monkeypatch, tmp_path):
@@ -80,7 +80,7 @@ def test_default_root_is_platformdirs_on_linux(monkeypatch, tmp_path):
             else:
                 monkeypatch.setenv("XDG_CACHE_HOME", xdg)
             monkeypatch.setenv("HOME", home)
-            quick = hitpath.default_root()
+            quick = hit.default_root()
             assert quick in (None, platformdirs.user_cache_dir("stubcache")), (xdg, home, quick)
             plain = xdg in (None, "", str(tmp_path / "xdg"), str(tmp_path / "xdg") + "/")
             assert quick is not None or home == "relhome" or not plain, (xdg, home)
@@ -187,11 +187,11 @@ def test_a_record_goes_stale_when_the_compiler_changes(cache_root, cxx):
 def test_a_record_watches_the_source_of_every_module_that_decides_a_key(cache_root, cxx):
     """Each file of hit.KEY_MODULE_FILES exists (a package's own module is its __init__.py), and
     a record holds a signature for each: an upgrade or an edit of one stales the record."""
-    package = Path(hitpath.__file__).resolve().parent.parent
-    files = {str(package / rel) for rel in hitpath.KEY_MODULE_FILES}
+    package = Path(hit.__file__).resolve().parent.parent
+    files = {str(package / rel) for rel in hit.KEY_MODULE_FILES}
     # Besides the key's own modules: the fronts that form each request's digest, and the JSON
     # writer whose text derive hashes into every key (edits inside one install stale the record).
-    assert {"hit/front.py", "hit/dropinfront.py", "edge/cjson.py", "key/derive.py"} <= set(hitpath.KEY_MODULE_FILES)
+    assert {"hit/front.py", "hit/dropinfront.py", "edge/cjson.py", "key/derive.py"} <= set(hit.KEY_MODULE_FILES)
     assert all(os.path.isfile(f) for f in files), [f for f in files if not os.path.isfile(f)]
     warm(load)
     rows = {path: sig for path, sig in json.loads(records(cache_root)[0].read_text())["validators"]}
@@ -244,7 +244,7 @@ def _spoil(record, how: str) -> None:
         elif how == "library elsewhere":
             data["library"] = "/lib/x86_64-linux-gnu/libc.so.6"
         elif how == "huge":
-            data["pad"] = "x" * (hitpath.RECORD_CAP + 1)
+            data["pad"] = "x" * (hit.RECORD_CAP + 1)
         text = json.dumps(data)
         if how == "deep":
             text = text[:-1] + ', "pad": ' + "[" * 100_000 + "]" * 100_000 + "}"
@@ -316,7 +316,7 @@ def test_variables_stubcache_does_not_read_keep_the_record(cache_root, cxx):
 
 def test_every_variable_stubcache_reads_is_sorted_for_the_record():
     """Each STUBCACHE_ variable named in the package either needs the full path or is one a
-    record may answer under: a new setting must be placed (hitpath.FULL_PATH_SETTINGS)."""
+    record may answer under: a new setting must be placed (hit.FULL_PATH_SETTINGS)."""
     import re
     from pathlib import Path
 
@@ -330,9 +330,9 @@ def test_every_variable_stubcache_reads_is_sorted_for_the_record():
 
     record_ok = {v.name for v in settings.VARIABLES if not v.full_path}
     assert record_ok == {"STUBCACHE_DIR", "STUBCACHE_REQUIRE_HIT", "STUBCACHE_PATCH_TORCH"}
-    full = {n.decode() for n in hitpath.FULL_PATH_SETTINGS}
-    remote = {n for n in names if n.startswith(hitpath.FULL_PATH_PREFIX.decode())}
-    assert names - record_ok - full - remote == set(), "place these in hitpath.FULL_PATH_SETTINGS or say why not"
+    full = {n.decode() for n in hit.FULL_PATH_SETTINGS}
+    remote = {n for n in names if n.startswith(hit.FULL_PATH_PREFIX.decode())}
+    assert names - record_ok - full - remote == set(), "place these in hit.FULL_PATH_SETTINGS or say why not"
 
 
 def test_the_patched_load_inline_hands_only_unsupported_calls_to_torch(cache_root, monkeypatch):
@@ -390,7 +390,7 @@ def test_the_request_digest_takes_a_non_str_sys_path_entry(monkeypatch):
     import pathlib
 
     monkeypatch.setattr("sys.path", [*__import__("sys").path, pathlib.Path("/nonexistent")])
-    assert hitpath.request_digest("spec", ({"a": "b"},)) is not None
+    assert hit.request_digest("spec", ({"a": "b"},)) is not None
 
 
 def test_the_request_lock_follows_no_planted_file_and_waits_no_longer_than_its_bound(tmp_path):
@@ -548,12 +548,12 @@ def test_import_path_checks_keep_mtime_validators_where_a_new_file_can_change_im
     os.utime(after, ns=(1, 10**18))
     validators, shadows = toolchain.import_path_checks(entries, [str(site), str(user_site)], str(torch), names)
     assert validators == [str(archive), str(pthdir / "extra.pth"), str(absent), str(user_site), str(site)]
-    watched = [*names, hitpath.ANY_PTH]
+    watched = [*names, hit.ANY_PTH]
     startup = [n for n in names if n.startswith(("sitecustomize", "usercustomize"))]
     assert startup and not any(n.startswith("torch") for n in startup)
     assert shadows == {str(script): [dir_sig(str(script)), watched], str(plain): [dir_sig(str(plain)), watched],
-                       str(pthdir): [shadows[str(pthdir)][0], [*watched, hitpath.KNOWN_PTH + "extra.pth"]],
-                       str(after): [dir_sig(str(after)), [*startup, hitpath.ANY_PTH]]}
+                       str(pthdir): [shadows[str(pthdir)][0], [*watched, hit.KNOWN_PTH + "extra.pth"]],
+                       str(after): [dir_sig(str(after)), [*startup, hit.ANY_PTH]]}
     # A namespace torch/ (it loses to the installed package) and a sitecustomize.py already there:
     # each can change without its directory changing (an __init__.py placed inside).
     (plain / "torch").mkdir()

@@ -168,7 +168,7 @@ def test_one_module_owns_every_variable_and_the_docs_show_its_table():
     from pathlib import Path
 
     from stubcache.edge import settings
-    from stubcache import hit as hitpath
+    from stubcache import hit
 
     repo = Path(__file__).resolve().parent.parent
     read = set()
@@ -179,7 +179,7 @@ def test_one_module_owns_every_variable_and_the_docs_show_its_table():
     shown = {n for row in settings.ROWS for n in row.names}
     assert variables - shown == {settings.FAULT} and shown - variables == {"CXX"}  # FAULT: the crash tests'
     full = {v.name.encode() for v in settings.VARIABLES if v.full_path}
-    assert set(hitpath.FULL_PATH_SETTINGS) | {n for n in full if n.startswith(hitpath.FULL_PATH_PREFIX)} == full
+    assert set(hit.FULL_PATH_SETTINGS) | {n for n in full if n.startswith(hit.FULL_PATH_PREFIX)} == full
     assert {v.name for v in settings.VARIABLES if v.name.startswith(settings.REMOTE)} <= {n.decode() for n in full}
     doc = repo / "docs" / "cli.md"
     text = doc.read_text()

@@ -9,7 +9,7 @@ lock (a miss only) is :mod:`stubcache.hit.requestlock`.
 How a hit works, and every check it makes: the comment below (kept out of the bytecode, which
 every engine process loads)."""
 
-# An engine process pays for every module a hit imports (about 0.1 ms each after ``import torch``,
+# An engine process pays for every module a hit imports (about 0.1–0.2 ms each after ``import torch``,
 # whatever it holds), so a warm start must not import the cache, the store, the spec or the
 # fingerprint only to find that the entry it loaded last time is still there. The full path
 # (:mod:`stubcache.cache.core`) therefore leaves a **hit record** after it has served a request that
