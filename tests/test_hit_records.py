@@ -15,7 +15,6 @@ import pytest
 from stubcache.dropin import compat
 from stubcache.edge import fsroot
 from stubcache import hit  # the compact hit path: the hit layer's package module
-from stubcache.hit import requestlock
 from stubcache.key import FIELDS
 
 from .conftest import run_py
@@ -60,9 +59,7 @@ def warm(call) -> None:
 
 def test_forwarded_fields_and_flags_agree_with_the_full_modules():
     assert compat._FORWARDED == tuple(f.name for f in FIELDS if f.torch and f.name != "name")
-    from stubcache.hit import dropinfront as front
-
-    assert front.FORWARDED == compat._FORWARDED
+    assert hit.FORWARDED == compat._FORWARDED
     assert (hit.O_DIR, hit.O_READ, hit.LIBRARY_CAP) == (fsroot.O_DIR, fsroot.O_READ, fsroot.LIBRARY_CAP)
 
 
@@ -191,7 +188,7 @@ def test_a_record_watches_the_source_of_every_module_that_decides_a_key(cache_ro
     files = {str(package / rel) for rel in hit.KEY_MODULE_FILES}
     # Besides the key's own modules: the fronts that form each request's digest, and the JSON
     # writer whose text derive hashes into every key (edits inside one install stale the record).
-    assert {"hit/front.py", "hit/dropinfront.py", "edge/cjson.py", "key/derive.py"} <= set(hit.KEY_MODULE_FILES)
+    assert {"__init__.py", "hit/front.py", "edge/cjson.py", "key/derive.py"} <= set(hit.KEY_MODULE_FILES)
     assert all(os.path.isfile(f) for f in files), [f for f in files if not os.path.isfile(f)]
     warm(load)
     rows = {path: sig for path, sig in json.loads(records(cache_root)[0].read_text())["validators"]}
@@ -394,7 +391,7 @@ def test_the_request_digest_takes_a_non_str_sys_path_entry(monkeypatch):
 
 
 def test_the_request_lock_follows_no_planted_file_and_waits_no_longer_than_its_bound(tmp_path):
-    """The request lock (``v1/state/hit-<digest>.lock``, stubcache.hit.requestlock.request_turn) in a
+    """The request lock (``v1/state/hit-<digest>.lock``, stubcache.hit.hit.request_turn) in a
     private root: a symlink planted there is not followed (its target outside the root is
     neither created nor written), a FIFO does not hang the caller, and a lock another process
     holds forever costs at most REQUEST_WAIT before the caller goes on (to the full path)."""
@@ -403,22 +400,22 @@ def test_the_request_lock_follows_no_planted_file_and_waits_no_longer_than_its_b
     from tests.test_locking import Holder
 
     root = tmp_path / "root"
-    first = requestlock.request_turn(str(root), "a" * 32, make_root=True)  # makes root/v1/state, 0700
+    first = hit.request_turn(str(root), "a" * 32, make_root=True)  # makes root/v1/state, 0700
     assert isinstance(first, int) and first >= 0
     os.close(first)
     state = root / "v1" / "state"
     outside = tmp_path / "outside"
-    os.symlink(outside, state / requestlock.request_lock_name("b" * 32))
-    assert requestlock.request_turn(str(root), "b" * 32) is None and not os.path.lexists(outside)
-    os.mkfifo(state / requestlock.request_lock_name("c" * 32))
+    os.symlink(outside, state / hit.request_lock_name("b" * 32))
+    assert hit.request_turn(str(root), "b" * 32) is None and not os.path.lexists(outside)
+    os.mkfifo(state / hit.request_lock_name("c" * 32))
     t0 = time.monotonic()
-    assert requestlock.request_turn(str(root), "c" * 32) is None and time.monotonic() - t0 < 5
-    holder = Holder(state / requestlock.request_lock_name("d" * 32))
+    assert hit.request_turn(str(root), "c" * 32) is None and time.monotonic() - t0 < 5
+    holder = Holder(state / hit.request_lock_name("d" * 32))
     try:
         fds = len(os.listdir("/proc/self/fd"))
         t0 = time.monotonic()
-        assert requestlock.request_turn(str(root), "d" * 32) == requestlock.WAITED
-        assert requestlock.REQUEST_WAIT <= time.monotonic() - t0 < requestlock.REQUEST_WAIT + 5
+        assert hit.request_turn(str(root), "d" * 32) == hit.WAITED
+        assert hit.REQUEST_WAIT <= time.monotonic() - t0 < hit.REQUEST_WAIT + 5
         holder.release()
         deadline = time.monotonic() + 10  # the waiting thread lets go of its descriptor once granted
         while len(os.listdir("/proc/self/fd")) > fds and time.monotonic() < deadline:

@@ -135,12 +135,11 @@ def _import_placed(cache: StubCache, entry: Entry, is_python_module: bool, build
 
 
 def load_inline_recording(record: str | None, args: dict[str, Any], since: float | None = None) -> Any:
-    """The full path of :func:`stubcache.load_inline` (the public drop-in,
-    :func:`stubcache.hit.dropinfront.load_inline`, documented there), taken when no hit record
-    answers the call; ``args`` are its arguments by name. With ``record`` (a digest from
+    """The full path of :func:`stubcache.load_inline` (the public drop-in, documented there),
+    taken when no hit record answers the call; ``args`` are its arguments by name. With ``record`` (a digest from
     :func:`stubcache.hit.request_digest`), a hit record is left for that call where the
     entry qualifies (see :meth:`StubCache.remember_hit`), so the next process's identical call
-    takes the compact hit path (:mod:`stubcache.hit.dropinfront`). ``since``: when the caller
+    takes the compact hit path (:func:`stubcache.hit.dropin_call`). ``since``: when the caller
     began waiting for another process serving the same call (see
     :meth:`stubcache.cache.core.CacheCore.get_or_build_since`)."""
     _unsupported(sycl_sources=args["sycl_sources"], extra_sycl_cflags=args["extra_sycl_cflags"],

@@ -19,12 +19,13 @@ _lock = threading.RLock()
 
 def _wrapper(name: str) -> Callable[..., Any]:
     # Nothing heavy is imported here: under `stubcache run` this runs as torch's cpp_extension is
-    # first imported, and a warm load_inline call then takes the compact hit path (its front,
-    # stubcache.hit.dropinfront); the whole drop-ins (stubcache.dropin.compat) load on the first call that needs them.
+    # first imported, and a warm load_inline call then takes the compact hit path (through the
+    # public drop-in, stubcache.load_inline); the whole drop-ins (stubcache.dropin.compat) load on
+    # the first call that needs them.
     original = torch_original(name)
     front: Callable[..., Any] | None = None
     if name == "load_inline":
-        from ..hit.dropinfront import load_inline as front
+        from .. import load_inline as front
 
     def patched(*args: Any, **kwargs: Any) -> Any:
         fn = front

@@ -3,8 +3,9 @@
 It is the hit layer's package module itself, not a module of its own: an engine process pays
 ~0.2 ms for every module a hit imports, whatever it holds (finding, reading, unmarshalling), and
 the package is imported anyway. The fronts that ask it first are :mod:`stubcache.hit.front`
-(``StubCache``) and :mod:`stubcache.hit.dropinfront` (``stubcache.load_inline``); the request
-lock (a miss only) is :mod:`stubcache.hit.requestlock`.
+(``StubCache``) and the package ``stubcache``'s own ``load_inline``, which hands this module
+its arguments (:func:`dropin_call`) and a :class:`Miss` to the full drop-in; a request with no
+record yet waits here for another process serving it (:func:`request_turn`).
 
 How a hit works, and every check it makes: the comment below (kept out of the bytecode, which
 every engine process loads)."""
@@ -76,7 +77,7 @@ NEVER_HIT_ATIME_NS = 0  # a pin's atime from publish until its first hit (see St
 # record holds only while they are unchanged (an upgrade of stubcache replaces them). A package's
 # own module is its __init__.py (tests/test_hit_records.py checks that each exists).
 KEY_MODULE_FILES = ("key/__init__.py", "key/flagscan.py", "edge/kpath.py", "key/fingerprint.py", "key/toolchain.py",
-                    "key/derive.py", "edge/cjson.py", "storage/manifest.py", "dropin/compat.py", "hit/dropinfront.py",
+                    "key/derive.py", "edge/cjson.py", "storage/manifest.py", "dropin/compat.py", "__init__.py",
                     "hit/front.py", "hit/__init__.py")
 _FLAG_VALUES = ("", "0", "1", "true", "false", "yes", "no", "on", "off")  # stubcache.edge.settings' flag words
 # The variables stubcache reads that need the full path (each is validated there, and may change
@@ -156,7 +157,7 @@ def sha256_fd(fd: int, size: int) -> str:
         offset += len(chunk)
 
 
-# --- the drop-in's module names (stubcache.hit.dropinfront and stubcache.dropin.compat share them) ---------------
+# --- the drop-in's module names (dropin_call and stubcache.dropin.compat share them) ---------------------
 
 versions: dict[str, tuple[int, Any]] = {}  # name -> (version, the call it was last loaded with)
 versions_lock = threading.Lock()
@@ -890,3 +891,168 @@ def load_placed(hit: Hit, directory: str, module_name: str) -> str | None:
             os.close(fd)
     finally:
         os.close(dfd)  # drops the flock
+
+
+# --- serving a request: what the fronts share ----------------------------------------------------
+
+
+class Miss:
+    # A request the compact path did not serve, handed to the full path: ``digest`` names the
+    # record the full path leaves for it (``None``: none can be), ``since`` is when this process
+    # began waiting for another one serving the same request (``None``: it did not wait; see
+    # CacheCore.get_or_build_since), ``turn`` the request lock it holds (see request_turn),
+    # closed by :meth:`release` once the record is there or cannot be: the next process's turn.
+
+    __slots__ = ("digest", "since", "turn")
+
+    def __init__(self, digest: str | None = None, since: float | None = None, turn: int | None = None) -> None:
+        self.digest = digest
+        self.since = since
+        self.turn = turn
+
+    def release(self) -> None:
+        turn, self.turn = self.turn, None
+        if turn is not None:
+            os.close(turn)
+
+
+def serve(root: str, digest: str, make_root: bool = False) -> tuple[Hit | None, Miss]:
+    # The hit the record ``digest`` in ``root`` names (see find), with the Miss to hand on if it
+    # cannot be loaded. No record: one process at a time serves the request and leaves the
+    # record; the others wait for it (request_turn) and take that (a herd's waiters then import
+    # nothing more than this module).
+    found = find(root, digest)
+    if found is not None:
+        return found, Miss(digest)
+    since = time.time()
+    turn = request_turn(root, digest, make_root)
+    if turn == WAITED:
+        return find(root, digest), Miss(digest, since)
+    return None, Miss(digest, since, turn)
+
+
+# load_inline's parameters that become spec fields, in stubcache.key.FIELDS' order (the name
+# aside): a call is these values, frozen, as stubcache.dropin.compat forms it from FIELDS
+# (tests/test_hit_records.py checks that the two agree).
+FORWARDED = ("cpp_sources", "cuda_sources", "functions", "extra_cflags", "extra_cuda_cflags", "extra_ldflags",
+             "extra_include_paths", "with_cuda", "is_python_module", "with_pytorch_error_handling",
+             "no_implicit_headers")
+
+
+def dropin_call(args: dict[str, Any]) -> Any:
+    # A ``stubcache.load_inline`` call (``args``: its arguments by name) served through the record
+    # the full drop-in left for the very same call: what torch would return (the library's path),
+    # or a Miss for the full drop-in (stubcache.dropin.compat.load_inline_recording), which serves
+    # it and leaves the record. A call the record cannot answer (a Python module, CUDA, include
+    # paths, ``verbose``, a setting to check, a second version of a name in this process) is a
+    # Miss with no digest.
+    name = args["name"]
+    build_directory = args["build_directory"]
+    if not (args["is_python_module"] is False and not args["verbose"] and args["cuda_sources"] is None
+            and args["functions"] is None and not args["extra_include_paths"] and args["sycl_sources"] is None
+            and args["extra_sycl_cflags"] is None and args["with_sycl"] is None and args["with_cuda"] is not True
+            and args["gil_not_used"] is False and type(name) is str and name.isascii() and name.isidentifier()
+            and args["cpp_sources"] and (build_directory is None or type(build_directory) is str)
+            and quick_settings()):
+        return Miss()
+    call = tuple([frozen(args[f]) for f in FORWARDED])
+    known = versions.get(name)
+    root = default_root()
+    if (known is not None and known != (0, call)) or root is None:
+        return Miss()
+    digest = request_digest("load_inline", (name, call))
+    if digest is None:
+        return Miss()
+    found, miss = serve(root, digest)
+    if found is not None:
+        if build_directory is not None:
+            result = load_placed(found, build_directory, name)
+        elif load(found) is not None:
+            result = REAL_PATHS[found.path]  # the real path it was loaded (and checked) by
+        else:
+            result = None
+        if result is not None:
+            miss.release()
+            with versions_lock:
+                versions.setdefault(name, (0, call))
+            return result
+    return miss
+
+
+# --- whose turn it is to serve a request that has no record yet ----------------------------------
+
+# How long a request waits for another process that is serving it (building, usually) before it
+# takes the full path itself, which waits on the key's build lock, bounded, with the notice and
+# the terminal's status line naming the builder (stubcache.edge.progress.STATUS_AFTER after that:
+# a direct build, what a herd waits for, is done well within it).
+REQUEST_WAIT = 1.0
+WAITED = -1  # request_turn's answer: another process served the request meanwhile
+
+
+def request_lock_name(digest: str) -> str:
+    return f"hit-{digest}.lock"
+
+
+def request_turn(root: str, digest: str, make_root: bool = False) -> int | None:
+    # Called when no record answers the request ``digest`` in ``root``: whose turn it is to
+    # serve it. The request's lock (``v1/state/hit-<digest>.lock``, an exclusive ``flock``) is
+    # taken without waiting: its fd is returned, held, and the caller takes the full path and
+    # closes the fd once that has left its record. If another process holds it (serving the same
+    # request, which a herd of engines starting at once does), this waits until that process
+    # lets go, at most :data:`REQUEST_WAIT` seconds, and returns :data:`WAITED`: ``find`` again,
+    # and the full path if there is still no record. ``None``: no lock here (no root and not
+    # ``make_root``, not a private root, an odd file); take the full path. A missing root (with
+    # ``make_root``: the request is known to be valid, a StubSpec) and, in a private root, a
+    # missing ``v1/state`` are made (0700), as the full path would make them.
+    #
+    # Only a shortcut: the full path's build lock is what makes builds happen once (invariant 1).
+    # A process that dies drops the lock (a kernel flock). The wait is a blocking shared ``flock``
+    # in a helper thread, so it ends the moment the holder lets go and costs nothing meanwhile;
+    # the thread owns its descriptor (nothing else can be given that number while it waits) and
+    # closes it as soon as the lock is granted, so a wait that timed out leaves nothing held.
+    import fcntl
+
+    try:
+        try:
+            state_fd = open_state(root, make=True)
+        except FileNotFoundError:
+            if not make_root:
+                return None  # the full path makes it, once it has checked the request
+            os.makedirs(root, mode=0o700, exist_ok=True)  # as Store.ensure makes a missing root
+            state_fd = open_state(root, make=True)
+        if state_fd is None:
+            return None  # a shared (or narrowed) root: the full path reads its configuration
+        try:
+            fd = os.open(request_lock_name(digest), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                         0o600, dir_fd=state_fd)
+        finally:
+            os.close(state_fd)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or not private_ok(st):
+            os.close(fd)
+            return None
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return fd
+    except OSError:
+        pass
+    done = threading.Event()
+
+    def wait() -> None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)  # drops the shared lock at once
+            done.set()
+
+    try:
+        threading.Thread(target=wait, name="stubcache-request-wait", daemon=True).start()
+    except BaseException:
+        os.close(fd)
+        raise
+    done.wait(REQUEST_WAIT)
+    return WAITED

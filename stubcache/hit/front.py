@@ -13,7 +13,6 @@ other method or attribute, or a ``load`` that the record cannot answer, goes to 
 from __future__ import annotations
 
 import os
-import time
 
 from .. import hit
 
@@ -85,43 +84,28 @@ class StubCache:
 
     def load(self, spec: StubSpec) -> CDLL:
         """``get_or_build`` and ``dlopen`` the library; returns a ``ctypes.CDLL``."""
-        digest = None
-        turn = None
-        since = None
+        miss = hit.Miss()
         root = self._quick_root
         if root is not None and self._core is None:  # (once the whole cache is made, its memo answers)
             from ..key import StubSpec  # loaded already: the caller made the spec
 
-            if type(spec) is StubSpec:
-                digest = hit.request_digest("spec", (spec.canonical(),))
-                found = hit.find(root, digest) if digest is not None else None
-                if found is None and digest is not None:
-                    # No record: one process at a time serves this request (and leaves the
-                    # record); the others wait for it and take its record (a herd's waiters
-                    # then import nothing more than this).
-                    since = time.time()
-                    from . import requestlock
-
-                    turn = requestlock.request_turn(root, digest, make_root=True)  # a valid request: a spec
-                    if turn == requestlock.WAITED:
-                        turn = None
-                        found = hit.find(root, digest)
+            digest = hit.request_digest("spec", (spec.canonical(),)) if type(spec) is StubSpec else None
+            if digest is not None:
+                found, miss = hit.serve(root, digest, make_root=True)  # a valid request: a spec
                 if found is not None:
                     lib = hit.load(found)
                     if lib is not None:
-                        if turn is not None:
-                            os.close(turn)
+                        miss.release()
                         return lib
         try:
             core = self._full()
-            entry = core.get_or_build(spec) if since is None else core.get_or_build_since(spec, since)
+            entry = core.get_or_build(spec) if miss.since is None else core.get_or_build_since(spec, miss.since)
             lib = core.load_entry(entry)
-            if digest is not None:
-                core.remember_hit(spec, entry, digest)
+            if miss.digest is not None:
+                core.remember_hit(spec, entry, miss.digest)
             return lib
         finally:
-            if turn is not None:
-                os.close(turn)  # the record is there (or cannot be): the next process's turn
+            miss.release()  # the record is there (or cannot be): the next process's turn
 
     def get_or_build(self, spec: StubSpec) -> Entry:
         """See :meth:`stubcache.cache.core.CacheCore.get_or_build`."""
