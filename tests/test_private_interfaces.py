@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
 
 import pytest
 from hypothesis import given, settings
@@ -91,3 +92,30 @@ def test_the_raw_environment_reads_what_os_environ_holds(changes):
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+# --- _ctypes.dlopen --------------------------------------------------------------------------
+
+
+def test_a_hit_dlopens_as_ctypes_cdll_does(tmp_path):
+    """The compact hit path loads a library with ``_ctypes.dlopen(path, ctypes.DEFAULT_MODE)``
+    (``stubcache.hit._load_checked``), the call ``ctypes.CDLL(path)`` makes: in a fresh process
+    the two give the same handle, and the library's symbols stay out of the global scope, as
+    ``CDLL``'s ``RTLD_LOCAL`` keeps them."""
+    src = tmp_path / "probe.c"
+    src.write_text('int stubcache_probe_dlopen(void) { return 41; }\n')
+    lib = tmp_path / "libprobe.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True, timeout=120)
+    proc = run_py(f"""
+        import ctypes, os
+        from stubcache import hit
+        st = os.stat({str(lib)!r})
+        fd = os.open({str(lib)!r}, os.O_RDONLY)
+        handle = hit._load_checked({str(lib)!r}, st, fd)
+        cdll = ctypes.CDLL({str(lib)!r})
+        assert handle == cdll._handle, (handle, cdll._handle)
+        assert cdll.stubcache_probe_dlopen() == 41
+        assert not hasattr(ctypes.CDLL(None), "stubcache_probe_dlopen")  # RTLD_LOCAL
+        print("ok")
+        """)
+    assert proc.stdout.strip() == "ok"
