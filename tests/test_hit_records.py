@@ -63,6 +63,16 @@ def test_forwarded_fields_and_flags_agree_with_the_full_modules():
     assert (hit.O_DIR, hit.O_READ, hit.LIBRARY_CAP) == (fsroot.O_DIR, fsroot.O_READ, fsroot.LIBRARY_CAP)
 
 
+def test_the_public_load_inline_carries_the_dropin_mark():
+    """``stubcache/__init__.py`` marks its ``load_inline`` with the literal name (importing
+    ``stubcache.hit`` for ``DROPIN_MARK`` would put it on every ``import stubcache``): held to
+    the constant torch's loaders are told apart by."""
+    import stubcache
+    from stubcache.build import torchjit
+
+    assert torchjit.is_dropin(stubcache.load_inline) and getattr(stubcache.load_inline, hit.DROPIN_MARK) is True
+
+
 def test_default_root_is_platformdirs_on_linux(monkeypatch, tmp_path):
     import platformdirs
 
@@ -391,7 +401,7 @@ def test_the_request_digest_takes_a_non_str_sys_path_entry(monkeypatch):
 
 
 def test_the_request_lock_follows_no_planted_file_and_waits_no_longer_than_its_bound(tmp_path):
-    """The request lock (``v1/state/hit-<digest>.lock``, stubcache.hit.hit.request_turn) in a
+    """The request lock (``v1/state/hit-<digest>.lock``, stubcache.hit.request_turn) in a
     private root: a symlink planted there is not followed (its target outside the root is
     neither created nor written), a FIFO does not hang the caller, and a lock another process
     holds forever costs at most REQUEST_WAIT before the caller goes on (to the full path)."""
