@@ -41,7 +41,7 @@ if not HAS_TORCH:
 CORE_FILES = (
     "test_core_processes.py", "test_locking.py", "test_trust.py", "test_hostile_root.py",
     "test_audit_trust.py", "test_prune.py", "test_stats.py", "test_cli.py", "test_remote.py",
-    "test_remote_hostile.py", "test_fsroot_trees.py", "test_private_interfaces.py",
+    "test_remote_hostile.py", "test_remote_fetch.py", "test_fsroot_trees.py", "test_private_interfaces.py",
     "test_resource_leaks.py", "test_layering.py", "test_settings.py", "test_evict.py", "test_first_hour.py",
     "test_hit_records.py", "test_probe_memo.py", "test_results.py", "test_depfile_parse.py", "test_loadcheck.py",
     "test_import_path.py", "test_toolchain_probe.py",

@@ -20,6 +20,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar, cast
 
+from . import resp
 from .backend import BlobHead, RemoteBackend, RemoteUnavailable
 from .config import RemoteConfig
 
@@ -126,28 +127,71 @@ def _connection_classes() -> tuple[type[Connection], type[SSLConnection]]:
 
 
 class RedisBackend(RemoteBackend):
-    """:class:`~.backend.RemoteBackend` on one Redis server (``redis-py`` client)."""
+    """:class:`~.backend.RemoteBackend` on one Redis server. A fetch (:meth:`get_blob`) speaks the
+    protocol itself (:mod:`.resp`) where the URL allows, so a remote hit never imports redis-py;
+    everything else goes through a ``redis-py`` client made on first use."""
 
     def __init__(self, config: RemoteConfig) -> None:
+        self._config = config
+        self._timeout = config.timeout
+        self._errors: tuple[type[BaseException], ...] = (OSError, resp.RespError)
+        self._client: Any = None
+        self._client_lock = threading.Lock()
+        self._scripts: tuple[Any, Any] = (None, None)  # LUA scripts of the lease, with the client
+        self._fetch_target = resp.fetch_target(config.url)
+        self._fetch_lock = threading.Lock()
+        self._fetch_conn: tuple[_BoundedSocket, resp.Reader] | None = None
+
+    @property
+    def _redis(self) -> Any:
+        """The redis-py client (imported and made here, the first time it is needed)."""
+        with self._client_lock:
+            if self._client is None:
+                self._client = self._make_client()
+        return self._client
+
+    def _make_client(self) -> Any:
         import redis
         from redis.backoff import NoBackoff
         from redis.retry import Retry
 
-        self._errors = (redis.exceptions.RedisError, OSError)
-        self._timeout = config.timeout
         tcp, tls = _connection_classes()
-        self._redis = redis.Redis.from_url(
-            config.url, connection_class=tls if config.scheme == "rediss" else tcp,
-            socket_timeout=config.timeout, socket_connect_timeout=config.timeout,
+        client = redis.Redis.from_url(
+            self._config.url, connection_class=tls if self._config.scheme == "rediss" else tcp,
+            socket_timeout=self._timeout, socket_connect_timeout=self._timeout,
             retry_on_timeout=False, retry=Retry(NoBackoff(), 0), health_check_interval=0,
             lib_name=None, lib_version=None)
-        self._renew = self._redis.register_script(_RENEW)
-        self._release = self._redis.register_script(_RELEASE)
+        self._scripts = (client.register_script(_RENEW), client.register_script(_RELEASE))
+        self._errors = (redis.exceptions.RedisError, OSError, resp.RespError)
+        return client
 
     @_wrap
     def get_blob(self, key: str, limit: int) -> bytes | None:
-        value = self._redis.getrange(BLOB + key, 0, limit)
-        return value or None  # type: ignore[return-value]  # bytes: no decode_responses
+        if self._fetch_target is None:
+            value = self._redis.getrange(BLOB + key, 0, limit)
+            return value or None  # bytes: no decode_responses
+        with self._fetch_lock:
+            try:
+                if self._fetch_conn is None:
+                    end = getattr(_call, "end", None) or time.monotonic() + self._timeout
+                    left = max(end - time.monotonic(), 0.001)
+                    sock = _BoundedSocket(resp.connect(self._fetch_target, min(self._timeout, left)))
+                    sock.settimeout(self._timeout)
+                    self._fetch_conn = (sock, resp.Reader(sock))  # type: ignore[arg-type]  # a socket's interface
+                    resp.handshake(sock, self._fetch_conn[1], self._fetch_target)  # type: ignore[arg-type]
+                sock, reader = self._fetch_conn
+                return resp.getrange(sock, reader, BLOB + key, 0, limit) or None  # type: ignore[arg-type]
+            except BaseException:
+                self._close_fetch()  # a connection in an unknown state is never reused
+                raise
+
+    def _close_fetch(self) -> None:
+        if self._fetch_conn is not None:
+            conn, self._fetch_conn = self._fetch_conn, None
+            try:
+                conn[0].close()
+            except OSError:
+                pass
 
     @_wrap
     def put_blob(self, key: str, value: bytes) -> bool:
@@ -167,11 +211,13 @@ class RedisBackend(RemoteBackend):
 
     @_wrap
     def renew_lease(self, key: str, value: str, ttl: float) -> bool:
-        return bool(self._renew(keys=[LEASE + key], args=[value, max(int(ttl * 1000), 1)]))
+        self._redis  # (registers the scripts)
+        return bool(self._scripts[0](keys=[LEASE + key], args=[value, max(int(ttl * 1000), 1)]))
 
     @_wrap
     def release_lease(self, key: str, value: str) -> None:
-        self._release(keys=[LEASE + key], args=[value])
+        self._redis  # (registers the scripts)
+        self._scripts[1](keys=[LEASE + key], args=[value])
 
     def heads(self, nbytes: int) -> Iterator[BlobHead]:
         keys = self._scan()
@@ -210,7 +256,11 @@ class RedisBackend(RemoteBackend):
                 "maxmemory_policy": str(memory.get("maxmemory_policy", "?"))}
 
     def close(self) -> None:
+        with self._fetch_lock:
+            self._close_fetch()
+        if self._client is None:
+            return
         try:
-            self._redis.close()
+            self._client.close()
         except Exception:  # closing a broken connection must not raise
             pass

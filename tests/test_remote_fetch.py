@@ -1,0 +1,202 @@
+"""A remote hit's fetch through stubcache's own protocol reader (``stubcache.remote.resp``), against
+a real ``redis-server`` (passwords, ACL users, databases) and against hostile peers on real
+sockets: the same answers as redis-py, never redis-py imported on a remote hit, and every reply
+bounded."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+from stubcache.remote import resp
+from stubcache.remote.backend import RemoteUnavailable
+from stubcache.remote.config import config_from_env
+from stubcache.remote.redis_backend import BLOB, RedisBackend
+
+from . import redis_server
+from .test_remote import SECRET, engines, finish, host_env, stats, value_src
+
+if not redis_server.available():
+    pytest.skip("needs redis-server and the redis client", allow_module_level=True)
+
+
+def backend(url: str, timeout: float = 2.0) -> RedisBackend:
+    cfg = config_from_env({"STUBCACHE_REMOTE": url, "STUBCACHE_REMOTE_SECRET": SECRET,
+                           "STUBCACHE_REMOTE_TIMEOUT": str(timeout)})
+    assert cfg is not None
+    return RedisBackend(cfg)
+
+
+@pytest.fixture(scope="module")
+def locked_server():
+    """A server that wants a password, with an ACL user of its own and a value in database 3."""
+    import redis
+
+    with redis_server.RedisServer() as server:
+        server.command("ACL", "SETUSER", "fleet", "on", ">fleet:pw/1", "~*", "+@all")
+        db3 = redis.Redis(port=server.port, db=3)
+        db3.set(BLOB + "k", b"in db 3")
+        db3.close()
+        assert server.command("CONFIG", "SET", "requirepass", "sesame pw") == b"+OK"
+        yield server
+
+
+def test_a_remote_hit_imports_no_redis_client(shared_server, tmp_path, cxx):
+    shared_server.command("FLUSHALL")
+    [(a, _)] = finish(engines([host_env(tmp_path, "a", shared_server.url)], value_src(71)))
+    assert a["redis"]  # the builder claims the key and uploads through redis-py
+    [(b, err)] = finish(engines([host_env(tmp_path, "b", shared_server.url)], value_src(71)))
+    assert b["value"] == 71 and b["key"] == a["key"] and not err.strip()
+    assert b["redis"] is False  # fetched through stubcache.remote.resp
+    assert stats(tmp_path / "host-b")["remote"]["hits"] == 1
+    assert cxx.compiles() == 1
+
+
+@pytest.fixture(scope="module")
+def shared_server():
+    with redis_server.RedisServer() as server:
+        yield server
+
+
+@pytest.mark.parametrize("size", [0, 1, 5, 65536 + 3, 3 << 20])
+def test_the_fetch_answers_as_redis_py_does(shared_server, size):
+    shared_server.command("FLUSHALL")
+    value = bytes(range(256)) * (size // 256) + b"\r\n$-1\r\n"[: size % 256]  # protocol bytes inside
+    value = (value + bytes(size))[:size]
+    ours, theirs = backend(shared_server.url), backend(shared_server.url)
+    client = shared_server.client()
+    try:
+        if size:
+            client.set(BLOB + "k", value)
+        for limit in (size + 10, max(size - 1, 0), 0):
+            got = ours.get_blob("k", limit)
+            want = theirs._redis.getrange(BLOB + "k", 0, limit) or None
+            assert got == want
+        assert ours.get_blob("absent", 100) is None
+        assert ours._client is None
+    finally:
+        ours.close()
+        theirs.close()
+
+
+@pytest.mark.parametrize("auth", ["password", "user"])
+def test_the_fetch_authenticates_and_selects_the_database(locked_server, auth):
+    creds = ":sesame%20pw@" if auth == "password" else "fleet:fleet%3Apw%2F1@"
+    url = f"redis://{creds}127.0.0.1:{locked_server.port}"
+    for path, want in (("/3", b"in db 3"), ("/0", None), ("", None)):
+        b = backend(url + path)
+        try:
+            assert b.get_blob("k", 100) == want
+            assert b.get_blob("k", 100) == want  # (the connection is reused)
+        finally:
+            b.close()
+    wrong = backend(f"redis://{'fleet:' if auth == 'user' else ':'}nope@127.0.0.1:{locked_server.port}/3")
+    with pytest.raises(RemoteUnavailable, match="WRONGPASS|invalid"):
+        wrong.get_blob("k", 100)
+    none = backend(f"redis://127.0.0.1:{locked_server.port}/3")
+    with pytest.raises(RemoteUnavailable, match="NOAUTH"):
+        none.get_blob("k", 100)
+
+
+@pytest.mark.parametrize("url", [
+    "redis://h", "redis://h:0", "redis://h:7000/2", "redis://:p%40ss@h:1/0", "redis://u%3Ax:p%2F@H.example:2/15",
+    "redis://[::1]:6390/1", "redis://localhost/", "redis://u:p@h:5/",
+])
+def test_a_url_is_read_as_redis_py_reads_it(url):
+    from redis.connection import parse_url
+
+    got = resp.fetch_target(url)
+    assert got is not None
+    want = parse_url(url)
+    assert (got.host, got.port, got.db) == (want.get("host", "localhost"), want.get("port", 6379), want.get("db", 0))
+    assert (got.username, got.password) == (want.get("username"), want.get("password"))
+
+
+@pytest.mark.parametrize("url", ["rediss://h:1/0", "redis://h:1/0?db=2", "redis://h:1/0?ssl_cert_reqs=none",
+                                 "redis://user@h:1/0", "unix:///tmp/s"])
+def test_other_urls_are_left_to_redis_py(url):
+    assert resp.fetch_target(url) is None
+
+
+class Peer:
+    """A loopback server that answers every command with ``reply`` (bytes sent as they are, or
+    nothing at all for ``None``), counting the bytes it was sent."""
+
+    def __init__(self, reply: bytes | None, trickle: float = 0.0) -> None:
+        self.reply = reply
+        self.trickle = trickle
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(4)
+        self.url = f"redis://127.0.0.1:{self.sock.getsockname()[1]}/0"
+        self.closed = False
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while not self.closed:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                try:
+                    if not conn.recv(65536) or self.reply is None:
+                        time.sleep(5)
+                        continue
+                    if not self.trickle:
+                        conn.sendall(self.reply)
+                        continue
+                    for i in range(len(self.reply)):
+                        if self.closed:
+                            return
+                        conn.sendall(self.reply[i:i + 1])
+                        time.sleep(self.trickle)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.closed = True
+        self.sock.close()
+
+
+@pytest.mark.parametrize("reply, why", [
+    (b"$99999999999\r\n", "bytes where at most"),         # a length past the range asked for
+    (b"$12\r\nshort", "closed the connection"),          # a value cut short
+    (b"$3\r\nabcXY", "not ended by CRLF"),
+    (b"+" + b"x" * (200 << 10), "longer than the protocol allows"),  # a line with no end
+    (b":12\r\n", "unexpected reply"),
+    (b"-ERR no such thing\r\n", "ERR no such thing"),
+    (b"$x\r\n", "malformed bulk length"),
+    (b"", "closed the connection"),
+], ids=["huge-length", "cut-short", "no-crlf", "endless-line", "integer", "error", "bad-length", "closed"])
+def test_a_hostile_reply_is_refused_within_its_bounds(reply, why):
+    peer = Peer(reply)
+    b = backend(peer.url, timeout=2.0)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(RemoteUnavailable, match=why):
+            b.get_blob("k", 1000)
+        assert time.monotonic() - t0 < 2.0 + 1.0
+        assert b._fetch_conn is None and b._client is None  # dropped, and no redis-py either
+    finally:
+        b.close()
+        peer.close()
+
+
+@pytest.mark.parametrize("trickle", [None, 0.05])
+def test_a_silent_or_crawling_server_is_given_up_on_at_the_call_bound(trickle):
+    # One byte every 50 ms of a 64 KiB value: each read succeeds within the timeout, so only the
+    # bound on the whole call (timeout + bytes moved / MIN_RATE) ends it.
+    peer = Peer(None if trickle is None else b"$65536\r\n" + bytes(65536), trickle=trickle or 0.0)
+    b = backend(peer.url, timeout=0.5)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(RemoteUnavailable, match="timed out|STUBCACHE_REMOTE_TIMEOUT"):
+            b.get_blob("k", 1 << 20)
+        assert time.monotonic() - t0 < 0.5 + 1.0
+    finally:
+        b.close()
+        peer.close()
