@@ -184,7 +184,7 @@ def test_large_tracked_inputs_hashes_are_remembered_and_follow_the_file(tmp_path
     later = time.time_ns() + 60 * 10**9  # the build "started" after every write here: all stable
     first = tracking.track([str(lib)], str(build), [], None, later)
     assert first.files[str(lib)] == hashlib.sha256(b"a" * (128 << 10)).hexdigest()
-    assert tracking._hash_memo()[str(lib)][1] == first.files[str(lib)]
+    assert tracking.hash_memo()[str(lib)][1] == first.files[str(lib)]
     assert tracking.track([str(lib)], str(build), [], None, later).files == first.files
     st = lib.stat()
     time.sleep(0.01)
@@ -192,4 +192,4 @@ def test_large_tracked_inputs_hashes_are_remembered_and_follow_the_file(tmp_path
     os.utime(lib, ns=(st.st_atime_ns, st.st_mtime_ns))
     again = tracking.track([str(lib)], str(build), [], None, later)
     assert again.files[str(lib)] == hashlib.sha256(b"b" * (128 << 10)).hexdigest()
-    assert tracking._hash_memo()[str(lib)][1] == again.files[str(lib)]
+    assert tracking.hash_memo()[str(lib)][1] == again.files[str(lib)]

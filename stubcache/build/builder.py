@@ -23,6 +23,7 @@ from ..edge import log, progress
 from . import buildinputs, loadcheck
 from ..edge.errors import BuildError
 from ..key.fingerprint import torch_dir
+from ..key import tracking
 from ..key import FIELDS, PASS, StubSpec
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
@@ -59,22 +60,21 @@ def build(spec: StubSpec, build_dir: str, compiler: dict[str, Any] | None = None
         compiler = buildinputs.compiler_facts()
     t0 = time.perf_counter()
     started_ns = time.time_ns()
-    probe = None
+    probe = memo = None
+    if spec.build_method == "direct":
+        library, out, deps, probe, memo = _build_direct(spec, build_dir, compiler)
+    elif spec.separate_units and len(spec.cpp_sources) + len(spec.cuda_sources) > 1:
+        library, out, deps = _build_units(spec, build_dir, compiler)
+    else:
+        library, out, deps = _build_load_inline(spec, build_dir, compiler)
+    # The load check's loader runs in its child while the inputs are tracked here.
+    check = loadcheck.start_check(library)
     try:
-        if spec.build_method == "direct":
-            probe = buildinputs.start_search_probe(spec, build_dir)  # runs beside the compile
-            library, out, deps = _build_direct(spec, build_dir, compiler)
-        elif spec.separate_units and len(spec.cpp_sources) + len(spec.cuda_sources) > 1:
-            library, out, deps = _build_units(spec, build_dir, compiler)
-        else:
-            library, out, deps = _build_load_inline(spec, build_dir, compiler)
+        tracked = buildinputs.tracked_inputs(spec, build_dir, deps, started_ns, probe, compiler, memo)
     except BaseException:
-        if probe is not None:
-            probe.kill()
-            probe.communicate()  # reaps it and closes its pipe (a leaked pipe per failed build)
+        loadcheck.stop(check.proc)
         raise
-    tracked = buildinputs.tracked_inputs(spec, build_dir, deps, started_ns, probe, compiler)
-    loadcheck.check_loads(library, spec.name)  # links but cannot load: a failed build, not an entry
+    loadcheck.finish_check(check, spec.name)  # links but cannot load: a failed build, not an entry
     module_name = os.path.basename(library).split(".", 1)[0]
     return BuildResult(library, module_name, tracked.files, spec.build_method, time.perf_counter() - t0, out,
                        tracked.record, tracked.unstable)
@@ -109,7 +109,10 @@ def direct_command(spec: StubSpec, source: str, output: str, depfile: str,
     return cmd + buildinputs.extra_link_flags(compiler)
 
 
-def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any]) -> tuple[str, str, list[str]]:
+def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any]
+                  ) -> tuple[str, str, list[str], subprocess.Popen[bytes] | None, dict[str, Any] | None]:
+    """The one compiler call; also the include search probe and this user's hash memo, started
+    and read while the compiler runs (:func:`stubcache.build.buildinputs.tracked_inputs` takes both)."""
     source = os.path.join(build_dir, "main.cpp")
     with open(source, "w", encoding="utf-8", errors="surrogateescape") as fh:
         fh.write("\n".join(spec.cpp_sources))  # surrogates: the undecodable bytes of a load()ed file
@@ -118,27 +121,41 @@ def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any]) -> t
     # path out of the library, so two builds of one key give identical bytes.
     cmd = direct_command(spec, "main.cpp", f"{spec.name}.so", buildinputs.DEPFILE, build_dir, compiler)
     env = dict(os.environ, TMPDIR=build_dir)  # the compiler's temporary object: not under /tmp
-    import shlex
-
     verbose = progress.verbose()
-    head = "$ " + shlex.join(cmd) + "\n"
     if verbose:  # as torch's verbose build: the command and the compiler's output, live, on fd 1
-        progress.echo(head)
+        progress.echo(_command_line(cmd))
     try:
         # An argument list, never a shell: no flag is ever interpreted by one.
-        proc = subprocess.run(cmd, cwd=build_dir, stdout=1 if verbose else subprocess.PIPE,
-                              stderr=subprocess.STDOUT, check=False, env=env)
+        proc = subprocess.Popen(cmd, cwd=build_dir, stdout=1 if verbose else subprocess.PIPE,
+                                stderr=subprocess.STDOUT, env=env)
     except OSError as exc:
         raise BuildError(f"Error building extension '{spec.name}': cannot run the compiler {cmd[0]!r}: "
                          f"{exc}; set CXX or install a C++ compiler", name=spec.name) from None
-    out = (proc.stdout or b"").decode("utf-8", "replace")
-    text = head + out
-    if proc.returncode != 0 or not os.path.isfile(output):
-        raise BuildError(f"Error building extension '{spec.name}'", output=text, name=spec.name)
-    deps = buildinputs.read_deps(build_dir)
-    if "-Wl,--trace" in cmd:
-        deps += buildinputs.trace_deps(out)
-    return output, text, deps
+    probe = None
+    try:
+        # Off the compile's path: the compiler is already at work (this process only waits for it).
+        probe = buildinputs.start_search_probe(spec, build_dir)
+        memo = tracking.hash_memo()
+        stdout, _ = proc.communicate()
+        out = (stdout or b"").decode("utf-8", "replace")
+        text = _command_line(cmd) + out
+        if proc.returncode != 0 or not os.path.isfile(output):
+            raise BuildError(f"Error building extension '{spec.name}'", output=text, name=spec.name)
+        deps = buildinputs.read_deps(build_dir)
+        if "-Wl,--trace" in cmd:
+            deps += buildinputs.trace_deps(out)
+    except BaseException:
+        if proc.returncode is None:
+            loadcheck.stop(proc)
+        loadcheck.stop(probe)  # reaps it and closes its pipe (a leaked pipe per failed build)
+        raise
+    return output, text, deps, probe, memo
+
+
+def _command_line(cmd: list[str]) -> str:
+    import shlex
+
+    return "$ " + shlex.join(cmd) + "\n"
 
 
 # --- the load_inline path -------------------------------------------------------------------

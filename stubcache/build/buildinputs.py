@@ -147,8 +147,10 @@ def start_search_probe(spec: StubSpec, build_dir: str) -> subprocess.Popen[bytes
 
 def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: int,
                    probe: subprocess.Popen[bytes] | None = None,
-                   compiler: dict[str, Any] | None = None) -> tracking.Tracked:
-    """Hash what the build read (see :mod:`stubcache.key.inputs`)."""
+                   compiler: dict[str, Any] | None = None,
+                   remembered: dict[str, Any] | None = None) -> tracking.Tracked:
+    """Hash what the build read (see :mod:`stubcache.key.inputs`); ``remembered``: the hash memo
+    if read already (:func:`stubcache.key.tracking.hash_memo`)."""
     if not deps and not tracking.files_named_by_flags(spec.extra_cflags + spec.extra_ldflags):
         if probe is not None:
             probe.kill()
@@ -172,7 +174,7 @@ def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: 
     probes = tracking.has_include_names(spec.cpp_sources + spec.cuda_sources)
     named = tracking.files_named_by_flags(spec.extra_cflags + spec.extra_cuda_cflags + spec.extra_ldflags)
     named += _found_in_b_dirs(scan(spec.extra_cflags, spec.extra_ldflags))
-    tracked = tracking.track([*deps, *named], build_dir, pinned, search, started_ns, probes)
+    tracked = tracking.track([*deps, *named], build_dir, pinned, search, started_ns, probes, remembered)
     # The link step's -L/-l (through -Wl, too): on the direct path that is the one command.
     link = (scan(spec.extra_cflags, spec.extra_ldflags) if spec.build_method == "direct"
             else scan(spec.extra_ldflags))

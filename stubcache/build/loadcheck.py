@@ -23,6 +23,7 @@ from ..hit import program_header
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
+    import subprocess
     from typing import Sequence
 
 _loader: list[str | None] = []  # [path or None], found once per process
@@ -86,6 +87,11 @@ def _mapped_loader() -> str | None:
 def unresolved_symbols(library: str, extra_dirs: Sequence[str] = ()) -> list[str] | None:
     """The symbols of ``library`` that neither its dependencies nor this process define; None
     when the loader cannot tell (no glibc loader here, a dependency it cannot find)."""
+    return _finish(_start(library, extra_dirs), library)
+
+
+def _start(library: str, extra_dirs: Sequence[str]) -> subprocess.Popen[bytes] | None:
+    """The loader started on ``library`` (None: no glibc loader, or it cannot be run)."""
     import subprocess
 
     loader = dynamic_loader()
@@ -97,11 +103,24 @@ def unresolved_symbols(library: str, extra_dirs: Sequence[str] = ()) -> list[str
     if dirs:
         env["LD_LIBRARY_PATH"] = ":".join(dirs)
     try:
-        proc = subprocess.run([loader, os.path.abspath(library)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              stdin=subprocess.DEVNULL, env=env, timeout=60, check=False)
+        return subprocess.Popen([loader, os.path.abspath(library)], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
     except (OSError, subprocess.SubprocessError):
         return None
-    text = proc.stdout.decode("utf-8", "replace")
+
+
+def _finish(proc: subprocess.Popen[bytes] | None, library: str) -> list[str] | None:
+    """What the loader started by :func:`_start` reported (see :func:`unresolved_symbols`)."""
+    import subprocess
+
+    if proc is None:
+        return None
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        stop(proc)
+        return None
+    text = out.decode("utf-8", "replace")
     if "=> not found" in text or proc.returncode != 0:
         return None
     own = f"({os.path.abspath(library)})"
@@ -115,25 +134,53 @@ def unresolved_symbols(library: str, extra_dirs: Sequence[str] = ()) -> list[str
     import ctypes
 
     here = ctypes.CDLL(None)  # the interpreter and what is loaded globally: what a loader here has
-    out = []
+    out_syms = []
     for sym in missing:
         try:
             here[sym]
         except AttributeError:
-            out.append(sym)
-    return out
+            out_syms.append(sym)
+    return out_syms
 
 
-def check_loads(library: str, name: str) -> None:
-    """Raise :class:`BuildError` (with the loader's words) if ``library`` cannot load because
-    a symbol it references is defined nowhere; nothing is published for such a build."""
+def stop(proc: subprocess.Popen[bytes] | None) -> None:
+    """Kill and reap a child this module (or a build) started, closing its pipe."""
+    if proc is not None:
+        proc.kill()
+        proc.communicate()
+
+
+class PendingCheck:
+    """A load check running in its child while the build does other work (:func:`start_check`)."""
+
+    __slots__ = ("library", "proc")
+
+    def __init__(self, library: str, proc: subprocess.Popen[bytes] | None) -> None:
+        self.library = library
+        self.proc = proc
+
+
+def start_check(library: str) -> PendingCheck:
+    """Start :func:`check_loads`' loader on ``library``; :func:`finish_check` reads its answer
+    (and :func:`stop` of its ``proc`` abandons it)."""
     from ..key.fingerprint import torch_dir
 
     tdir = torch_dir()
-    missing = unresolved_symbols(library, [os.path.join(tdir, "lib")] if tdir else [])
+    return PendingCheck(library, _start(library, [os.path.join(tdir, "lib")] if tdir else []))
+
+
+def finish_check(pending: PendingCheck, name: str) -> None:
+    """Raise :class:`BuildError` (with the loader's words) if the library cannot load because a
+    symbol it references is defined nowhere; nothing is published for such a build."""
+    missing = _finish(pending.proc, pending.library)
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise BuildError(f"Error building extension '{name}'",
                          output=f"the library links but cannot load: undefined symbol: {shown} "
-                                f"({os.path.basename(library)}); define it in the sources, or link the "
+                                f"({os.path.basename(pending.library)}); define it in the sources, or link the "
                                 "library that does (extra_ldflags)", name=name)
+
+
+def check_loads(library: str, name: str) -> None:
+    """:func:`finish_check` of :func:`start_check`: the whole check, in one call."""
+    finish_check(start_check(library), name)

@@ -9,6 +9,7 @@ probe for the compiler's search path); a hit never does.
 from __future__ import annotations
 
 import os
+import stat
 
 from ..edge import kpath
 from .inputs import dir_sig, recordable, signature, slack_ns
@@ -148,14 +149,38 @@ def pinned_prefixes(own_dirs: list[str], torch_dir: str | None, python_include: 
     return out
 
 
-def is_pinned(path: str, pinned: Sequence[str]) -> bool:
+class RealPaths:
+    """``os.path.realpath`` for one build's many paths, each directory resolved once (a build's
+    inputs share a few dozen directories): the last component is still checked for a link every
+    time, and a path ending in ``..`` is resolved whole."""
+
+    def __init__(self) -> None:
+        self._dirs: dict[str, str] = {}
+
+    def __call__(self, path: str) -> str:
+        head, name = os.path.split(path)
+        if not head or name in ("", ".", ".."):
+            return os.path.realpath(path)
+        try:
+            if stat.S_ISLNK(os.lstat(path).st_mode):
+                return os.path.realpath(path)
+        except OSError:
+            pass  # realpath keeps a last component it cannot read as named, as here
+        real_dir = self._dirs.get(head)
+        if real_dir is None:
+            real_dir = self._dirs[head] = os.path.realpath(head)
+        return os.path.join(real_dir, name)
+
+
+def is_pinned(path: str, pinned: Sequence[str], real: str | None = None) -> bool:
     """Whether ``path`` (as the compiler named it) is a file whose contents the fingerprint pins:
     the file it resolves to lies under a pinned prefix, and so does the path as named. A symlink
     from a user directory into a pinned one is not pinned: the link may be pointed elsewhere
     later. A path with ``..`` steps (clang names ``<gcc dir>/../../../../include/c++/12``) is
     pinned when its resolved form is and no step before the last ``..`` is a symlink outside a
-    pinned directory: the kernel resolves ``..`` from where such a link points, not on paper."""
-    real = os.path.realpath(path).rstrip("/") + "/"  # a directory matches its own prefix
+    pinned directory: the kernel resolves ``..`` from where such a link points, not on paper.
+    ``real``: ``os.path.realpath(path)``, where the caller has it already."""
+    real = (os.path.realpath(path) if real is None else real).rstrip("/") + "/"  # a directory matches its own prefix
     if not any(real.startswith(p) for p in pinned):
         return False
     lexical = kpath.tidy(path).rstrip("/") + "/"
@@ -339,15 +364,18 @@ def quoted_include_names(text: str) -> list[str]:
 
 
 def track(deps: Iterable[str], build_dir: str, pinned: list[str], search: SearchPath | None,
-          started_ns: int, probes: Iterable[str] = ()) -> Tracked:
+          started_ns: int, probes: Iterable[str] = (), remembered: dict[str, Any] | None = None) -> Tracked:
     """Hash every dependency that is neither the build's own file nor pinned; record the shadow
     candidates of each header (pinned ones too: a new file in a user directory shadows them as
     well); flag files changed since ``started_ns`` (the compile's start): their content may not
     be what the compiler read. ``probes`` are names tested by ``__has_include`` in the sources
     (those in tracked headers are added here): the file each resolves to now is tracked, and a
-    name found nowhere is recorded as absent in every searched directory."""
+    name found nowhere is recorded as absent in every searched directory. ``remembered``: this
+    user's hash memo (:func:`hash_memo`) if read already; its rows are checked by signature here."""
     skip = os.path.realpath(build_dir).rstrip("/") + "/"
-    remembered = _hash_memo()
+    realpath = RealPaths()
+    if remembered is None:
+        remembered = hash_memo()
     learned: dict[str, list[Any]] = {}
     files: dict[str, str] = {}
     sigs: dict[str, list[Any]] = {}
@@ -360,10 +388,11 @@ def track(deps: Iterable[str], build_dir: str, pinned: list[str], search: Search
     def add(path: str, probe: bool = False) -> None:
         if path in files or path in pinned_headers:
             return
-        if os.path.realpath(path).startswith(skip):
+        real = realpath(path)
+        if real.startswith(skip):
             return
         is_header = not path.endswith((".o", ".a", ".so")) and ".so." not in os.path.basename(path)
-        if is_pinned(path, pinned):
+        if is_pinned(path, pinned, real):
             if is_header:
                 pinned_headers.append(path)
                 # Its contents are pinned, but what it probes for may lie outside (libstdc++'s
@@ -443,7 +472,7 @@ HASH_MEMO_MIN_SIZE = 64 << 10  # smaller files cost less to hash than to remembe
 HASH_MEMO_MAX = 512  # files kept; the memo starts afresh past it
 
 
-def _hash_memo() -> dict[str, tuple[list[Any], str]]:
+def hash_memo() -> dict[str, tuple[list[Any], str]]:
     """path -> (signature, sha256) from this user's memo; empty if there is none (or it is odd)."""
     from . import probememo
 
@@ -557,6 +586,13 @@ def file_candidates(cands: Iterable[str], pinned: Sequence[str] = (), out: dict[
     that exists already is not one; if it appeared after ``started_ns`` (while the build ran:
     the compiler may have searched before it did) it goes to ``unstable``."""
     unpinned = _unpinned_test(pinned)
+    is_dir: dict[str, bool] = {}  # many candidates share their missing directories
+
+    def isdir(d: str) -> bool:
+        known = is_dir.get(d)
+        if known is None:
+            known = is_dir[d] = os.path.isdir(d)
+        return known
 
     out = {} if out is None else out
     for c in sorted(set(cands)):
@@ -570,7 +606,7 @@ def file_candidates(cands: Iterable[str], pinned: Sequence[str] = (), out: dict[
                 unstable.append(c)  # ... unless it appeared while the compiler searched
             continue
         anc = os.path.dirname(c)
-        while not os.path.isdir(anc) and anc not in ("/", ""):
+        while not isdir(anc) and anc not in ("/", ""):
             anc = os.path.dirname(anc)
         if not unpinned(anc):
             continue  # inside a pinned directory (a nested search dir's spelling): pinned too
