@@ -193,3 +193,22 @@ def test_large_tracked_inputs_hashes_are_remembered_and_follow_the_file(tmp_path
     again = tracking.track([str(lib)], str(build), [], None, later)
     assert again.files[str(lib)] == hashlib.sha256(b"b" * (128 << 10)).hexdigest()
     assert tracking.hash_memo()[str(lib)][1] == again.files[str(lib)]
+
+
+def test_a_directory_named_twice_on_path_is_checked_once(tmp_path, monkeypatch):
+    """The fingerprint memo's validators (which a hit record copies: each costs every warm start a
+    ``stat``) hold each path once, however often PATH names it."""
+    from stubcache.key import toolchain
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    cxx = bin_dir / "c++"
+    cxx.write_text("#!/bin/sh\nexec g++ \"$@\"\n")
+    cxx.chmod(0o755)
+    other = tmp_path / "other"
+    other.mkdir()
+    monkeypatch.setenv("PATH", os.pathsep.join([str(other), str(other), str(bin_dir), str(other)]))
+    checks = toolchain.memo_checks({"cxx": {"path": str(cxx), "real": {}}}, {"CXX": "c++"}, None)
+    paths = [p for p, _ in checks["validators"]]
+    assert len(paths) == len(set(paths))
+    assert str(other) in paths and str(bin_dir) in paths and str(cxx) in paths

@@ -771,7 +771,8 @@ def memo_checks(fp: dict[str, Any], env: dict[str, Any], tdir: str | None) -> di
     for tool in (fp["cxx"].get("real") or {}).values():
         if isinstance(tool, dict) and tool.get("path"):
             paths.append(tool["path"])  # the compiler behind a wrapper, its assembler and linker
-    return {"validators": [[p, path_sig(p)] for p in paths], "shadows": shadows}
+    # Once each: PATH may name a directory twice, and a found compiler is often its real file.
+    return {"validators": [[p, path_sig(p)] for p in dict.fromkeys(paths)], "shadows": shadows}
 
 
 def python_facts() -> dict[str, Any]:
