@@ -5,6 +5,7 @@ bounded."""
 
 from __future__ import annotations
 
+import signal
 import socket
 import threading
 import time
@@ -200,3 +201,40 @@ def test_a_silent_or_crawling_server_is_given_up_on_at_the_call_bound(trickle):
     finally:
         b.close()
         peer.close()
+
+
+def test_a_forked_child_opens_its_own_connection(shared_server):
+    # An engine forks workers after loading; a worker that fetches must not share its parent's
+    # socket (the two would read each other's replies), nor inherit a held lock.
+    import os
+
+    shared_server.command("FLUSHALL")
+    client = shared_server.client()
+    client.set(BLOB + "parent", b"P" * 70000)
+    client.set(BLOB + "child", b"C" * 50000)
+    b = backend(shared_server.url)
+    try:
+        assert b.get_blob("parent", 1 << 20) == b"P" * 70000  # the connection is open now
+        # Another thread of the parent holds the fetch lock while the process forks.
+        held, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with b._fetch_lock:
+                held.set()
+                release.wait()
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        held.wait()
+        pid = os.fork()
+        if pid == 0:  # the child: its own lock and connection, concurrently with the parent's fetches
+            signal.alarm(20)  # a child stuck on the inherited lock fails instead of hanging
+            ok = all(b.get_blob("child", 1 << 20) == b"C" * 50000 for _ in range(300))
+            os._exit(0 if ok else 1)
+        release.set()
+        holder.join()
+        ok = all(b.get_blob("parent", 1 << 20) == b"P" * 70000 for _ in range(300))
+        _, status = os.waitpid(pid, 0)
+        assert ok and os.waitstatus_to_exitcode(status) == 0
+    finally:
+        b.close()

@@ -15,9 +15,11 @@ surely as a silent one (redis-py's own socket timeout restarts with every byte r
 from __future__ import annotations
 
 import functools
+import os
 import socket
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar, cast
 
 from . import resp
@@ -126,6 +128,27 @@ def _connection_classes() -> tuple[type[Connection], type[SSLConnection]]:
     return BoundedConnection, BoundedSSLConnection
 
 
+_backends: weakref.WeakSet[RedisBackend] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # A forked child (an engine's worker) starts with its parent's connection and with its locks
+    # in whatever state the parent's threads left them: it takes neither. Two processes on one
+    # socket would read each other's replies; closing the child's copy leaves the parent's open.
+    for backend in list(_backends):
+        backend._client_lock = threading.Lock()
+        backend._fetch_lock = threading.Lock()
+        conn, backend._fetch_conn = backend._fetch_conn, None
+        if conn is not None:
+            try:
+                conn[0].close()
+            except OSError:
+                pass
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class RedisBackend(RemoteBackend):
     """:class:`~.backend.RemoteBackend` on one Redis server. A fetch (:meth:`get_blob`) speaks the
     protocol itself (:mod:`.resp`) where the URL allows, so a remote hit never imports redis-py;
@@ -141,6 +164,7 @@ class RedisBackend(RemoteBackend):
         self._fetch_target = resp.fetch_target(config.url)
         self._fetch_lock = threading.Lock()
         self._fetch_conn: tuple[_BoundedSocket, resp.Reader] | None = None
+        _backends.add(self)
 
     @property
     def _redis(self) -> Any:
