@@ -60,3 +60,37 @@ def test_musls_loader_under_glibcs_name_is_not_asked(tmp_path):
     old = tmp_path / "old" / "ld-linux-x86-64.so.2"
     old.symlink_to(glibc)
     assert loadcheck._glibc_loader(str(glibc)) and loadcheck._glibc_loader(str(old))
+
+
+def test_a_check_interrupted_while_its_loader_runs_leaves_no_child(tmp_path):
+    # Ctrl-C while the build waits for the loader's answer: the loader is killed and reaped, as
+    # subprocess.run did before the check ran beside the input tracking.
+    # A static program (a dynamic one, a shell included, only lists its libraries under the
+    # check's LD_TRACE_LOADED_OBJECTS) standing in for a loader that takes its time.
+    src = tmp_path / "slow.c"
+    src.write_text("#include <unistd.h>\nint main(void) { sleep(30); return 0; }\n")
+    sleeper = tmp_path / "slow-loader"
+    made = subprocess.run(["cc", "-static", "-o", str(sleeper), str(src)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip("no static C library to build the stand-in loader")
+    code = f"""
+import os, signal
+from stubcache.build import loadcheck
+loadcheck._loader[:] = [{str(sleeper)!r}]  # this process's loader, as dynamic_loader() found it
+pending = loadcheck.start_check({str(sleeper)!r})
+def interrupt(*_):
+    raise KeyboardInterrupt
+signal.signal(signal.SIGALRM, interrupt)  # Ctrl-C's exception, in the waiting thread, in 0.5 s
+signal.setitimer(signal.ITIMER_REAL, 0.5)
+try:
+    loadcheck.finish_check(pending, "x")
+except KeyboardInterrupt:
+    pass
+try:
+    os.kill(pending.proc.pid, 0)
+    print("left running")
+except ProcessLookupError:
+    print("gone")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "gone", out.stderr

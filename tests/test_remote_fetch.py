@@ -238,3 +238,68 @@ def test_a_forked_child_opens_its_own_connection(shared_server):
         assert ok and os.waitstatus_to_exitcode(status) == 0
     finally:
         b.close()
+
+
+def test_a_password_the_server_does_not_ask_for_is_not_an_error(shared_server):
+    # Passwords are often set in clients before the server requires one; redis-py 8 authenticates
+    # as the user "default", which a server without a password accepts with any.
+    shared_server.command("FLUSHALL")
+    shared_server.client().set(BLOB + "k", b"v")
+    b = backend(f"redis://:not-needed@127.0.0.1:{shared_server.port}/0")
+    try:
+        assert b.get_blob("k", 10) == b"v"
+    finally:
+        b.close()
+
+
+def test_a_database_in_other_digits_is_refused_and_an_upper_case_scheme_is_read_as_redis(shared_server):
+    from stubcache.remote.config import RemoteConfigError
+
+    with pytest.raises(RemoteConfigError, match="must be a number"):
+        backend("redis://127.0.0.1:1/\u00b2")  # str.isdigit() says yes; int() and redis-py say no
+    assert resp.fetch_target("redis://h/\u00b2") is None
+    shared_server.command("FLUSHALL")
+    shared_server.client().set(BLOB + "k", b"v")
+    b = backend(f"REDIS://127.0.0.1:{shared_server.port}/0")
+    try:
+        assert b.get_blob("k", 10) == b"v"
+        assert b.acquire_lease("k", "me", 5.0) is True  # through redis-py, which knows only redis://
+    finally:
+        b.close()
+
+
+class ScriptedPeer(Peer):
+    """A loopback server whose n-th connection answers its first command with ``replies[n]``."""
+
+    def __init__(self, replies: list[bytes]) -> None:
+        self.replies = list(replies)
+        super().__init__(b"")
+
+    def _serve(self) -> None:
+        n = 0
+        while not self.closed:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                try:
+                    if conn.recv(65536):
+                        conn.sendall(self.replies[min(n, len(self.replies) - 1)])
+                        conn.recv(65536)  # (held open until the client leaves)
+                except OSError:
+                    pass
+            n += 1
+
+
+def test_bytes_past_a_reply_are_never_read_as_the_next_one():
+    # A broken server answers one command with two replies: the second must not become the
+    # answer to the next command (the connection is dropped and made afresh).
+    peer = ScriptedPeer([b"$6\r\nreply1\r\n$6\r\nSTALE!\r\n", b"$6\r\nreply2\r\n"])
+    b = backend(peer.url)
+    try:
+        assert b.get_blob("a", 100) == b"reply1"
+        assert b.get_blob("b", 100) == b"reply2"
+    finally:
+        b.close()
+        peer.close()

@@ -73,6 +73,7 @@ def build(spec: StubSpec, build_dir: str, compiler: dict[str, Any] | None = None
         tracked = buildinputs.tracked_inputs(spec, build_dir, deps, started_ns, probe, compiler, memo)
     except BaseException:
         loadcheck.stop(check.proc)
+        loadcheck.stop(probe)  # not read yet if tracking stopped first
         raise
     loadcheck.finish_check(check, spec.name)  # links but cannot load: a failed build, not an entry
     module_name = os.path.basename(library).split(".", 1)[0]

@@ -120,6 +120,9 @@ def _finish(proc: subprocess.Popen[bytes] | None, library: str) -> list[str] | N
     except subprocess.TimeoutExpired:
         stop(proc)
         return None
+    except BaseException:  # interrupted while it runs: not left behind
+        stop(proc)
+        raise
     text = out.decode("utf-8", "replace")
     if "=> not found" in text or proc.returncode != 0:
         return None
@@ -145,7 +148,7 @@ def _finish(proc: subprocess.Popen[bytes] | None, library: str) -> list[str] | N
 
 def stop(proc: subprocess.Popen[bytes] | None) -> None:
     """Kill and reap a child this module (or a build) started, closing its pipe."""
-    if proc is not None:
+    if proc is not None and proc.returncode is None:
         proc.kill()
         proc.communicate()
 

@@ -73,7 +73,7 @@ def _check_url(url: str) -> None:
     except ValueError as exc:
         raise RemoteConfigError(f"{REMOTE}={redact(url)!r}: {exc}") from None
     db = parts.path[1:] if parts.path.startswith("/") else parts.path
-    if db and not db.isdigit():
+    if db and not (db.isascii() and db.isdigit()):
         raise RemoteConfigError(f"{REMOTE}={redact(url)!r}: the database must be a number "
                                 f"(redis://host:port/DB), got {db!r}")
 
@@ -138,6 +138,7 @@ def config_from_env(environ: Mapping[str, str] | None = None, *, url: str | None
             f"{REMOTE}={redact(url)!r}: unsupported URL; use redis://[user:password@]host:port/db "
             f"or rediss://… for TLS (supported schemes: {', '.join(sorted(BACKENDS))})")
     _check_url(url)
+    url = scheme + url[len(scheme):]  # REDIS://… as redis:// (the client accepts only the latter)
     mode = (mode if mode is not None else env.get(REMOTE_MODE, "")).strip().lower() or MODE_READ_WRITE
     if mode not in MODES:
         raise RemoteConfigError(f"{REMOTE_MODE} must be 'read' or 'read-write', got {mode!r}")

@@ -171,7 +171,10 @@ class RedisBackend(RemoteBackend):
         """The redis-py client (imported and made here, the first time it is needed)."""
         with self._client_lock:
             if self._client is None:
-                self._client = self._make_client()
+                try:
+                    self._client = self._make_client()
+                except Exception as exc:  # a URL redis-py refuses, a broken install: local-only
+                    raise RemoteUnavailable(f"cannot make the redis client: {type(exc).__name__}: {exc}") from exc
         return self._client
 
     def _make_client(self) -> Any:
@@ -195,6 +198,8 @@ class RedisBackend(RemoteBackend):
             value = self._redis.getrange(BLOB + key, 0, limit)
             return value or None  # bytes: no decode_responses
         with self._fetch_lock:
+            if self._fetch_conn is not None and self._fetch_conn[1].pending():
+                self._close_fetch()  # the server sent what no command asked for, or closed
             try:
                 if self._fetch_conn is None:
                     end = getattr(_call, "end", None) or time.monotonic() + self._timeout
@@ -204,7 +209,10 @@ class RedisBackend(RemoteBackend):
                     self._fetch_conn = (sock, resp.Reader(sock))  # type: ignore[arg-type]  # a socket's interface
                     resp.handshake(sock, self._fetch_conn[1], self._fetch_target)  # type: ignore[arg-type]
                 sock, reader = self._fetch_conn
-                return resp.getrange(sock, reader, BLOB + key, 0, limit) or None  # type: ignore[arg-type]
+                value = resp.getrange(sock, reader, BLOB + key, 0, limit)  # type: ignore[arg-type]
+                if reader.pending():
+                    self._close_fetch()  # more than one reply: never read as the next one
+                return value or None
             except BaseException:
                 self._close_fetch()  # a connection in an unknown state is never reused
                 raise

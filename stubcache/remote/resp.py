@@ -54,7 +54,7 @@ def fetch_target(url: str) -> Target | None:
     if parts.scheme.lower() != "redis" or parts.query or parts.fragment:
         return None
     db = parts.path[1:] if parts.path.startswith("/") else parts.path
-    if db and not db.isdigit():
+    if db and not (db.isascii() and db.isdigit()):
         return None
     username = unquote(parts.username) if parts.username else None
     password = unquote(parts.password) if parts.password else None
@@ -100,6 +100,18 @@ class Reader:
         del self._buf[:n]
         return out
 
+    def pending(self) -> bool:
+        """Whether bytes beyond the replies read so far have arrived (a broken or hostile server:
+        they would be taken for the next command's reply)."""
+        import select
+
+        if self._buf:
+            return True
+        try:
+            return bool(select.select([self._sock], [], [], 0)[0])  # data, or the server's close
+        except (OSError, ValueError):
+            return True
+
     def status(self) -> bytes:
         """A status reply's text (``OK``); an error reply or anything else raises."""
         line = self.line()
@@ -142,19 +154,30 @@ def connect(target: Target, timeout: float) -> socket.socket:
     return sock
 
 
+# What a server that asks for no password answers to ``AUTH password`` (Redis 6 and later, then
+# earlier): the password is not needed, not wrong.
+NO_PASSWORD_SET = ("ERR AUTH <password> called without any password configured",
+                   "ERR Client sent AUTH, but no password is set")
+
+
 def handshake(sock: socket.socket, reader: Reader, target: Target) -> None:
-    """Authenticate and select the database on a new connection, as redis-py does."""
+    """Authenticate and select the database on a new connection. As redis-py 8 does (its
+    ``HELLO … AUTH``), a password alone authenticates as the user ``default``, which a server
+    without a password accepts with any; a server older than Redis 6 takes the password alone."""
     if target.password:
-        args = [target.username, target.password] if target.username else [target.password]
-        sock.sendall(command(b"AUTH", *[a.encode("utf-8") for a in args]))
+        password = target.password.encode("utf-8")
+        sock.sendall(command(b"AUTH", (target.username or "default").encode("utf-8"), password))
         try:
             reader.status()
         except RespError as exc:
-            if not (target.username and str(exc).startswith("ERR wrong number of arguments")):
+            if not str(exc).startswith("ERR wrong number of arguments"):
                 raise
-            # A server older than Redis 6 takes the password alone (as redis-py retries).
-            sock.sendall(command(b"AUTH", target.password.encode("utf-8")))
-            reader.status()
+            sock.sendall(command(b"AUTH", password))
+            try:
+                reader.status()
+            except RespError as again:
+                if target.username or str(again) not in NO_PASSWORD_SET:
+                    raise
     if target.db:
         sock.sendall(command(b"SELECT", b"%d" % target.db))
         reader.status()
