@@ -123,11 +123,12 @@ def test_other_urls_are_left_to_redis_py(url):
 
 
 class Peer:
-    """A loopback server that answers every command with ``reply`` (bytes sent as they are, or
-    nothing at all for ``None``), counting the bytes it was sent."""
+    """A loopback server whose n-th connection answers its first command with ``replies[n]`` (the
+    last one for every later connection; sent as they are, a byte every ``trickle`` seconds if
+    set, or nothing at all for ``None``), then closes it."""
 
-    def __init__(self, reply: bytes | None, trickle: float = 0.0) -> None:
-        self.reply = reply
+    def __init__(self, *replies: bytes | None, trickle: float = 0.0) -> None:
+        self.replies = replies
         self.trickle = trickle
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
@@ -137,23 +138,26 @@ class Peer:
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
+        n = 0
         while not self.closed:
             try:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
+            reply = self.replies[min(n, len(self.replies) - 1)]
+            n += 1
             with conn:
                 try:
-                    if not conn.recv(65536) or self.reply is None:
+                    if not conn.recv(65536) or reply is None:
                         time.sleep(5)
                         continue
                     if not self.trickle:
-                        conn.sendall(self.reply)
+                        conn.sendall(reply)
                         continue
-                    for i in range(len(self.reply)):
+                    for i in range(len(reply)):
                         if self.closed:
                             return
-                        conn.sendall(self.reply[i:i + 1])
+                        conn.sendall(reply[i:i + 1])
                         time.sleep(self.trickle)
                 except OSError:
                     pass
@@ -268,34 +272,10 @@ def test_a_database_in_other_digits_is_refused_and_an_upper_case_scheme_is_read_
         b.close()
 
 
-class ScriptedPeer(Peer):
-    """A loopback server whose n-th connection answers its first command with ``replies[n]``."""
-
-    def __init__(self, replies: list[bytes]) -> None:
-        self.replies = list(replies)
-        super().__init__(b"")
-
-    def _serve(self) -> None:
-        n = 0
-        while not self.closed:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                try:
-                    if conn.recv(65536):
-                        conn.sendall(self.replies[min(n, len(self.replies) - 1)])
-                        conn.recv(65536)  # (held open until the client leaves)
-                except OSError:
-                    pass
-            n += 1
-
-
 def test_bytes_past_a_reply_are_never_read_as_the_next_one():
     # A broken server answers one command with two replies: the second must not become the
     # answer to the next command (the connection is dropped and made afresh).
-    peer = ScriptedPeer([b"$6\r\nreply1\r\n$6\r\nSTALE!\r\n", b"$6\r\nreply2\r\n"])
+    peer = Peer(b"$6\r\nreply1\r\n$6\r\nSTALE!\r\n", b"$6\r\nreply2\r\n")
     b = backend(peer.url)
     try:
         assert b.get_blob("a", 100) == b"reply1"

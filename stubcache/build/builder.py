@@ -146,8 +146,7 @@ def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any]
         if "-Wl,--trace" in cmd:
             deps += buildinputs.trace_deps(out)
     except BaseException:
-        if proc.returncode is None:
-            loadcheck.stop(proc)
+        loadcheck.stop(proc)
         loadcheck.stop(probe)  # reaps it and closes its pipe (a leaked pipe per failed build)
         raise
     return output, text, deps, probe, memo

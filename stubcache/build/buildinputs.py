@@ -10,6 +10,7 @@ import os
 import shlex
 import subprocess
 
+from . import loadcheck
 from ..key import inputs, tracking
 from ..key.flagscan import FlagScan, scan
 from ..key.fingerprint import torch_dir
@@ -152,9 +153,7 @@ def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: 
     """Hash what the build read (see :mod:`stubcache.key.inputs`); ``remembered``: the hash memo
     if read already (:func:`stubcache.key.tracking.hash_memo`)."""
     if not deps and not tracking.files_named_by_flags(spec.extra_cflags + spec.extra_ldflags):
-        if probe is not None:
-            probe.kill()
-            probe.communicate()  # reaps it and closes its pipe (a leaked pipe per failed build)
+        loadcheck.stop(probe)  # reaps it and closes its pipe
         return tracking.Tracked({}, {}, [])
     cmd = compiler_command()
     try:

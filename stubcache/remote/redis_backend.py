@@ -138,12 +138,7 @@ def _after_fork_in_child() -> None:
     for backend in list(_backends):
         backend._client_lock = threading.Lock()
         backend._fetch_lock = threading.Lock()
-        conn, backend._fetch_conn = backend._fetch_conn, None
-        if conn is not None:
-            try:
-                conn[0].close()
-            except OSError:
-                pass
+        backend._close_fetch()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -199,7 +194,9 @@ class RedisBackend(RemoteBackend):
             return value or None  # bytes: no decode_responses
         with self._fetch_lock:
             if self._fetch_conn is not None and self._fetch_conn[1].pending():
-                self._close_fetch()  # the server sent what no command asked for, or closed
+                # The server sent what no command asked for (a second reply left in the buffer,
+                # or bytes since), or closed: never read as this command's reply.
+                self._close_fetch()
             try:
                 if self._fetch_conn is None:
                     end = getattr(_call, "end", None) or time.monotonic() + self._timeout
@@ -209,10 +206,7 @@ class RedisBackend(RemoteBackend):
                     self._fetch_conn = (sock, resp.Reader(sock))  # type: ignore[arg-type]  # a socket's interface
                     resp.handshake(sock, self._fetch_conn[1], self._fetch_target)  # type: ignore[arg-type]
                 sock, reader = self._fetch_conn
-                value = resp.getrange(sock, reader, BLOB + key, 0, limit)  # type: ignore[arg-type]
-                if reader.pending():
-                    self._close_fetch()  # more than one reply: never read as the next one
-                return value or None
+                return resp.getrange(sock, reader, BLOB + key, 0, limit) or None  # type: ignore[arg-type]
             except BaseException:
                 self._close_fetch()  # a connection in an unknown state is never reused
                 raise

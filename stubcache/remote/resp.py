@@ -7,9 +7,9 @@ module and imports redis-py only for what a hit never does (leases, uploads, the
 
 It speaks only what that fetch needs, for the URLs it reads exactly as redis-py does (see
 :func:`fetch_target`): a TCP connection to each address of the host in turn, ``AUTH`` with the
-URL's user name and password (the password alone to a server older than Redis 6), ``SELECT``
-of the URL's database, then ``GETRANGE``. Any other URL (``rediss://`` and its TLS settings, a
-query string, a user name without a password) is left to redis-py. A reply is read no further
+URL's user name and password (see :func:`handshake`), ``SELECT`` of the URL's database, then
+``GETRANGE``. Any other URL (``rediss://`` and its TLS settings, a query string, a user name
+without a password) is left to redis-py. A reply is read no further
 than the command allows: a line is at most :data:`LINE_CAP` bytes, a value at most the range
 asked for, and anything else is a :class:`RespError`.
 """
