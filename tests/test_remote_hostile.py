@@ -159,6 +159,44 @@ def test_a_blip_during_the_build_does_not_cost_the_builder_its_lease(server, tmp
     assert stats(tmp_path / "host-b")["remote"]["hits"] == 1
 
 
+def test_a_blip_over_two_renewals_does_not_cost_the_lease_while_it_lives(server):
+    # The blip starts 1.5 s after the claim and lasts 3.3 s, so it covers the renewals due at 2 s
+    # and (one timeout later) 4.3 s; Redis is back at 4.8 s, with over a second of the 6 s lease
+    # left. Renewing only at the next third (6.6 s) came after the expiry: another host took over.
+    import redis
+
+    from stubcache.remote.config import config_from_env
+    from stubcache.remote.tier import Claim, RemoteTier
+    from stubcache.storage.events import Event
+
+    config = config_from_env({"STUBCACHE_REMOTE": server.url, "STUBCACHE_REMOTE_SECRET": "s" * 32,
+                              "STUBCACHE_REMOTE_LEASE": "6", "STUBCACHE_REMOTE_TIMEOUT": "0.3"})
+    errors: list[str] = []
+
+    def event(ev: str, key: str, seconds: float | None = None, **extra: object) -> None:
+        if ev == Event.REMOTE_ERROR:
+            errors.append(key)
+
+    tier = RemoteTier(config, event)
+    key = "c" * 64
+    lease = "stubcache:v1:lease:" + key
+    start = time.monotonic()
+    claim = tier.fetch_or_claim(key, {"spec": 1}, "blip", budget=10)
+    assert isinstance(claim, Claim)
+    try:
+        time.sleep(max(0.0, start + 1.5 - time.monotonic()))
+        server.pause()
+        time.sleep(3.3)
+        server.resume()
+        client = redis.Redis.from_url(server.url, socket_timeout=5)
+        time.sleep(max(0.0, start + 7.5 - time.monotonic()))  # past the lease's first expiry
+        assert client.get(lease) is not None, "the lease expired with Redis back in time"
+        assert client.pttl(lease) > 3000
+        assert len(errors) >= 2  # each failed renewal during the blip was recorded
+    finally:
+        claim.release()
+
+
 NESTED = b"[" * 100000  # valid JSON's prefix that makes Python's parser recurse past its limit
 
 

@@ -66,8 +66,10 @@ class Claim:
 
     A daemon thread renews the lease every third of its lifetime while the build runs; if this
     process dies the renewals stop and the lease expires, so another host takes over. A renewal
-    that fails (a blip: timeout, reconnect) is reported and tried again at the next period, while
-    the lease still lives: giving up at the first one would hand the build to a second host.
+    that fails (a blip: timeout, reconnect) is reported and tried again every twelfth of the
+    lifetime while the lease may still live: waiting a whole third after a failure lost the lease
+    to a blip that covered two renewals, with Redis back and a second of the lease left, and
+    handed the build to a second host.
     """
 
     def __init__(self, tier: "RemoteTier", key: str, value: str) -> None:
@@ -79,14 +81,24 @@ class Claim:
         self._thread.start()
 
     def _heartbeat(self) -> None:
-        period = self._tier.config.lease / 3
-        while not self._stop.wait(period):
+        lease = self._tier.config.lease
+        period = lease / 3
+        renewed = time.monotonic()  # about when the lease was last set
+        wait = period
+        while not self._stop.wait(wait):
+            started = time.monotonic()
             try:
-                if not self._tier.backend.renew_lease(self.key, self._value, self._tier.config.lease):
+                if not self._tier.backend.renew_lease(self.key, self._value, lease):
                     log.info("stubcache: lost the fleet build lease of %s (expired); building on", self.key)
                     return
+                renewed, wait = started, period
             except RemoteUnavailable as exc:
                 self._tier.down(exc, self.key, pause=False)
+                if time.monotonic() - renewed >= lease:
+                    log.info("stubcache: lost the fleet build lease of %s (not renewed in time); building on",
+                             self.key)
+                    return
+                wait = period / 4
 
     def upload(self, manifest: Manifest, library_path: str) -> None:
         """Upload a published entry (read from the local root, after publishing it there)."""
