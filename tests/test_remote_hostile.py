@@ -197,6 +197,38 @@ def test_a_blip_over_two_renewals_does_not_cost_the_lease_while_it_lives(server)
         claim.release()
 
 
+def test_the_heartbeat_gives_up_once_the_lease_has_surely_expired(server):
+    # Redis stops answering for longer than the whole lease (1 s): the retries (every twelfth of
+    # it) stop once the lease cannot be alive any more, instead of recording an error every
+    # twelfth of a lease for the rest of a long outage.
+    import threading
+
+    from stubcache.remote.config import config_from_env
+    from stubcache.remote.tier import Claim, RemoteTier
+    from stubcache.storage.events import Event
+
+    config = config_from_env({"STUBCACHE_REMOTE": server.url, "STUBCACHE_REMOTE_SECRET": "s" * 32,
+                              "STUBCACHE_REMOTE_LEASE": "1", "STUBCACHE_REMOTE_TIMEOUT": "0.2"})
+    errors: list[str] = []
+
+    def event(ev: str, key: str, seconds: float | None = None, **extra: object) -> None:
+        if ev == Event.REMOTE_ERROR:
+            errors.append(key)
+
+    key = "d" * 64
+    claim = RemoteTier(config, event).fetch_or_claim(key, {"spec": 2}, "outage", budget=10)
+    assert isinstance(claim, Claim)
+    server.pause()
+    try:
+        time.sleep(3.0)
+        beating = [t for t in threading.enumerate() if t.name == f"stubcache-lease-{key[:8]}"]
+        assert not beating, "the heartbeat still retries a lease that expired two seconds ago"
+        assert 1 <= len(errors) <= 8
+    finally:
+        server.resume()
+        claim.release()
+
+
 NESTED = b"[" * 100000  # valid JSON's prefix that makes Python's parser recurse past its limit
 
 
