@@ -4,7 +4,8 @@
 
 The launcher imports what the approach needs (``stubcache``, or ``torch.utils.cpp_extension`` as
 an engine would have it imported already), then for each herd forks N children that block on a
-pipe; one write releases them together (t0). Each child gets and loads its stub, checks which
+pipe; one write releases them together (t0). With ``"engine": true`` the launcher imports
+``torch.utils.cpp_extension`` first for any mode (engine processes, as the targets state them). Each child gets and loads its stub, checks which
 variant it loaded (``bench_variant()``), and reports when it was done. Nothing process-wide is
 computed in the launcher before the fork (stubcache's fingerprint, torch's versioner are fresh).
 
@@ -81,12 +82,17 @@ def herd(cfg: dict, run: dict) -> dict:
                 os.close(res_r)
                 os.environ["BENCH_CXX_LOG"] = run["log"]
                 os.read(go_r, 1)
+                t_start, cpu = time.time(), time.process_time()
                 try:
                     out = _work(cfg, run, variants[i])
                     out["expected"] = variants[i]
                 except BaseException as exc:  # report, never hang the herd
                     out = {"error": f"{type(exc).__name__}: {exc}"[:1500]}
                 out["t_done"] = time.time()
+                # Where a herd's time goes: when this child got the CPU after the release, its
+                # own CPU time, and whether it ran the build path (imported the builder).
+                out["t_start"], out["cpu"] = t_start, time.process_time() - cpu
+                out["built"] = "stubcache.build.builder" in sys.modules
                 os.write(res_w, (json.dumps(out) + "\n").encode())
                 import threading
 
@@ -115,6 +121,7 @@ def herd(cfg: dict, run: dict) -> dict:
         os.waitpid(pid, 0)
     results = [json.loads(ln) for ln in b"".join(chunks).decode().splitlines() if ln.strip()]
     done = [r["t_done"] - t0 for r in results]
+    builders = [r["t_done"] - t0 for r in results if r.get("built")]
     errors = [r["error"] for r in results if "error" in r]
     wrong = sum(1 for r in results if "variant" in r and r["variant"] != r["expected"])
     compiles = 0
@@ -124,15 +131,18 @@ def herd(cfg: dict, run: dict) -> dict:
     except FileNotFoundError:
         pass
     return {"n": n, "all_loaded": max(done) if done else None, "per_process": done, "wrong": wrong,
-            "errors": errors, "reported": len(results), "compiles": compiles}
+            "errors": errors, "reported": len(results), "compiles": compiles,
+            "last_start": max(r["t_start"] - t0 for r in results) if results else None,
+            "builder_done": min(builders) if builders else None,
+            "cpu": [r["cpu"] for r in results if not r.get("built")]}
 
 
 def main() -> None:
     with open(sys.argv[1]) as fh:
         cfg = json.load(fh)
-    if cfg["mode"] in ("private", "shared", "per_arena"):
+    if cfg["mode"] in ("private", "shared", "per_arena") or cfg.get("engine"):
         import torch.utils.cpp_extension  # noqa: F401  (an engine has torch imported already)
-    else:
+    if cfg["mode"] not in ("private", "shared", "per_arena"):
         import stubcache  # noqa: F401
         if cfg["mode"] == "kvarena":
             import kvarena  # noqa: F401

@@ -24,6 +24,7 @@ APPROACHES = {
 DIAG = {
     "existing": "stubcache, root already exists (diagnostic)",
     "preloaded": "stubcache, root exists + filelock/builder imported before fork (diagnostic)",
+    "engine": "stubcache, engine processes: torch imported before the fork (diagnostic)",
 }
 LAZY_IMPORTS = ["filelock", "stubcache.build.builder", "stubcache.storage.locking", "subprocess", "sysconfig", "ctypes"]
 WARMUP = ("import sys, stubcache; stubcache.StubCache(sys.argv[1]).get_or_build("
@@ -84,6 +85,11 @@ def run(ctx: Ctx) -> dict:
             results = launch(ctx, dict(base_cfg, mode="stubcache", runs=runs, preload=preload), f"herd-{diag}-{rep}")
             for r, res in zip(runs, results):
                 data.setdefault((f"N={r['n']}", diag), []).append(res)
+        runs = [new_run(ctx, "stubcache", n) for n in (1, ns[-1])]
+        results = launch(ctx, dict(base_cfg, mode="stubcache", runs=runs, engine=True), f"herd-engine-{rep}")
+        for r, res in zip(runs, results):
+            data.setdefault((f"N={r['n']}", "engine"), []).append(res)
+    phases = {key: _phases(results) for key, results in data.items() if key[1] in ("stubcache", "engine")}
     rows = []
     labels = {**APPROACHES, **DIAG}
     order = list(labels.values())
@@ -127,6 +133,18 @@ def run(ctx: Ctx) -> dict:
                  f"filelock/builder imported before the fork {ratio(pl['median'], pl1['median']):.2f}× "
                  f"({fmt_time(pl['median'])}), against the fresh-root herd of 1 "
                  f"{ratio(pl['median'], one['median']):.2f}×.")
+    en1, en = get("N=1", "engine"), get(f"N={top}", "engine")
+    notes.append(f"Engine processes (the launcher imported torch.utils.cpp_extension before the fork): "
+                 f"N={top} {fmt_time(en['median'])} vs N=1 {fmt_time(en1['median'])}, "
+                 f"{ratio(en['median'], en1['median']):.2f}×.")
+    for diag in ("stubcache", "engine"):
+        ph = phases.get((f"N={top}", diag))
+        if ph:
+            notes.append(f"Where the N={top} herd's time goes ({labels[diag]}; medians over repetitions): "
+                         f"the last child got the CPU {fmt_time(ph['last_start'])} after the release; the "
+                         f"builder had its library at {fmt_time(ph['builder_done'])}; the last waiter at "
+                         f"{fmt_time(ph['all_loaded'])}; a waiter's own CPU time {fmt_time(ph['waiter_cpu'])} "
+                         f"(the N=1 build: {fmt_time((phases.get(('N=1', diag)) or {}).get('builder_done'))}).")
     for n in mixed_ns:
         sh = get(f"mixed N={n}", "shared")
         sc = get(f"mixed N={n}", "stubcache")
@@ -139,6 +157,19 @@ def run(ctx: Ctx) -> dict:
                      f"{r_['extra']['error_sample']}")
     return {"id": 4, "title": "Herd: N processes starting at once", "rows": rows, "targets": targets,
             "notes": notes}
+
+
+def _phases(results: list[dict]) -> dict | None:
+    """Medians over repetitions of a herd's phases (see _herd.py), or None if one is missing."""
+    import statistics
+
+    keys = ("last_start", "builder_done", "all_loaded")
+    if not results or any(r.get(k) is None for r in results for k in keys):
+        return None
+    out = {k: statistics.median(r[k] for r in results) for k in keys}
+    cpu = [c for r in results for c in r.get("cpu") or []]
+    out["waiter_cpu"] = statistics.median(cpu) if cpu else None
+    return out
 
 
 def plot(result: dict, path: Path) -> bool:
