@@ -5,9 +5,10 @@
 The launcher imports what the approach needs (``stubcache``, or ``torch.utils.cpp_extension`` as
 an engine would have it imported already), then for each herd forks N children that block on a
 pipe; one write releases them together (t0). With ``"engine": true`` the launcher imports
-``torch.utils.cpp_extension`` first for any mode (engine processes, as the targets state them). Each child gets and loads its stub, checks which
-variant it loaded (``bench_variant()``), and reports when it was done. Nothing process-wide is
-computed in the launcher before the fork (stubcache's fingerprint, torch's versioner are fresh).
+``torch.utils.cpp_extension`` first for any mode (engine processes, as the targets state them).
+Each child gets and loads its stub, checks which variant it loaded (``bench_variant()``), and
+reports when it was done. Nothing process-wide is computed in the launcher before the fork
+(stubcache's fingerprint, torch's versioner are fresh).
 
 Approaches (``mode``):
   stubcache   StubCache(root).load(spec)                    (root fresh per herd)
@@ -140,9 +141,10 @@ def herd(cfg: dict, run: dict) -> dict:
 def main() -> None:
     with open(sys.argv[1]) as fh:
         cfg = json.load(fh)
-    if cfg["mode"] in ("private", "shared", "per_arena") or cfg.get("engine"):
+    torch_only = cfg["mode"] in ("private", "shared", "per_arena")
+    if torch_only or cfg.get("engine"):
         import torch.utils.cpp_extension  # noqa: F401  (an engine has torch imported already)
-    if cfg["mode"] not in ("private", "shared", "per_arena"):
+    if not torch_only:
         import stubcache  # noqa: F401
         if cfg["mode"] == "kvarena":
             import kvarena  # noqa: F401

@@ -159,6 +159,32 @@ def test_a_blip_during_the_build_does_not_cost_the_builder_its_lease(server, tmp
     assert stats(tmp_path / "host-b")["remote"]["hits"] == 1
 
 
+def _claim_with_errors(server, key: str, lease: str, timeout: str):
+    """A fleet lease on ``key`` claimed in this process (``lease``/``timeout``: the settings), and
+    the list that collects the remote errors recorded after the claim (the heartbeat's)."""
+    from stubcache.remote.config import config_from_env
+    from stubcache.remote.tier import Claim, RemoteTier
+    from stubcache.storage.events import Event
+
+    config = config_from_env({"STUBCACHE_REMOTE": server.url, "STUBCACHE_REMOTE_SECRET": "s" * 32,
+                              "STUBCACHE_REMOTE_LEASE": lease, "STUBCACHE_REMOTE_TIMEOUT": timeout})
+    errors: list[str] = []
+
+    def event(ev: str, key: str, seconds: float | None = None, **extra: object) -> None:
+        if ev == Event.REMOTE_ERROR:
+            errors.append(key)
+
+    claim = None
+    for _ in range(5):  # a loaded host may miss the short bound of the claim itself
+        server.command("DEL", "stubcache:v1:lease:" + key)
+        claim = RemoteTier(config, event).fetch_or_claim(key, {"spec": key}, "heartbeat", budget=10)
+        if isinstance(claim, Claim):
+            break
+    assert isinstance(claim, Claim)
+    errors.clear()
+    return claim, errors
+
+
 def test_a_blip_over_two_renewals_does_not_cost_the_lease_while_it_lives(server):
     # A 12 s lease, renewed every 4 s: the blip starts 3 s after the claim and lasts 6.5 s, so
     # it covers the renewals due at 4 s and (one timeout later) 8.3 s; Redis is back at 9.5 s,
@@ -166,30 +192,11 @@ def test_a_blip_over_two_renewals_does_not_cost_the_lease_while_it_lives(server)
     # expiry: another host took over. Retrying every twelfth (1 s) renews it in time.
     import redis
 
-    from stubcache.remote.config import config_from_env
-    from stubcache.remote.tier import Claim, RemoteTier
-    from stubcache.storage.events import Event
-
-    config = config_from_env({"STUBCACHE_REMOTE": server.url, "STUBCACHE_REMOTE_SECRET": "s" * 32,
-                              "STUBCACHE_REMOTE_LEASE": "12", "STUBCACHE_REMOTE_TIMEOUT": "0.3"})
-    errors: list[str] = []
-
-    def event(ev: str, key: str, seconds: float | None = None, **extra: object) -> None:
-        if ev == Event.REMOTE_ERROR:
-            errors.append(key)
-
     key = "c" * 64
     lease = "stubcache:v1:lease:" + key
     client = redis.Redis.from_url(server.url, socket_timeout=5)
-    claim = None
-    for _ in range(5):  # a loaded host may miss the 0.3 s bound of the claim itself
-        client.delete(lease)
-        claim = RemoteTier(config, event).fetch_or_claim(key, {"spec": 1}, "blip", budget=10)
-        if isinstance(claim, Claim):
-            break
-    assert isinstance(claim, Claim)
+    claim, errors = _claim_with_errors(server, key, lease="12", timeout="0.3")
     start = time.monotonic()
-    errors.clear()
     try:
         time.sleep(3.0)
         server.pause()
@@ -209,27 +216,8 @@ def test_the_heartbeat_gives_up_once_the_lease_has_surely_expired(server):
     # twelfth of a lease for the rest of a long outage.
     import threading
 
-    from stubcache.remote.config import config_from_env
-    from stubcache.remote.tier import Claim, RemoteTier
-    from stubcache.storage.events import Event
-
-    config = config_from_env({"STUBCACHE_REMOTE": server.url, "STUBCACHE_REMOTE_SECRET": "s" * 32,
-                              "STUBCACHE_REMOTE_LEASE": "1", "STUBCACHE_REMOTE_TIMEOUT": "0.2"})
-    errors: list[str] = []
-
-    def event(ev: str, key: str, seconds: float | None = None, **extra: object) -> None:
-        if ev == Event.REMOTE_ERROR:
-            errors.append(key)
-
     key = "d" * 64
-    claim = None
-    for _ in range(5):  # a loaded host may miss the 0.2 s bound of the claim itself
-        server.command("DEL", "stubcache:v1:lease:" + key)
-        claim = RemoteTier(config, event).fetch_or_claim(key, {"spec": 2}, "outage", budget=10)
-        if isinstance(claim, Claim):
-            break
-    assert isinstance(claim, Claim)
-    errors.clear()
+    claim, errors = _claim_with_errors(server, key, lease="1", timeout="0.2")
     server.pause()
     try:
         time.sleep(3.0)
