@@ -479,7 +479,7 @@ def test_status_line_on_a_terminal_and_never_in_a_pipe(cache_root, cxx, monkeypa
 
     # A second process waiting for a third one's build says whom it waits for.
     holder = subprocess.Popen([sys.executable, "-c", STATUS_CHILD.replace("slow_stub", "waited_stub")],
-                              env=dict(env, STUBCACHE_TEST_CXX_SLEEP="6"),  # the waiter must wait > 2 s
+                              env=dict(env, STUBCACHE_TEST_CXX_SLEEP="9"),  # the waiter must wait > 2 s
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     leases = cache_root / "v1" / "leases"
     wait_until(lambda: leases.is_dir() and os.listdir(leases), "the holder to start its build", proc=holder)

@@ -414,7 +414,7 @@ def test_failed_build_is_a_runtime_error_as_in_torch(cache_root):
 def test_waiting_ranks_stay_quiet_without_a_terminal(cache_root, cxx, monkeypatch):
     """A rank waiting > 5 s for another's build prints nothing on a piped stderr (torch is
     silent there); with verbose=True it says whom it waits for (a terminal: test_dropin.py)."""
-    monkeypatch.setenv("STUBCACHE_TEST_CXX_SLEEP", "10")
+    monkeypatch.setenv("STUBCACHE_TEST_CXX_SLEEP", "14")
     code = r'''
 import sys, stubcache
 stubcache.load_inline("slow_wait", 'extern "C" int f(void) { return 1; }', is_python_module=False,

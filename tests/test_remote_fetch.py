@@ -201,7 +201,7 @@ def test_a_silent_or_crawling_server_is_given_up_on_at_the_call_bound(trickle):
         t0 = time.monotonic()
         with pytest.raises(RemoteUnavailable, match="timed out|STUBCACHE_REMOTE_TIMEOUT"):
             b.get_blob("k", 1 << 20)
-        assert time.monotonic() - t0 < 0.5 + 1.0
+        assert time.monotonic() - t0 < 0.5 + 5.0  # the whole trickle would take 55 minutes
     finally:
         b.close()
         peer.close()

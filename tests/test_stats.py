@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import stubcache
 from stubcache.storage.events import EVENTS, Event
@@ -228,6 +229,53 @@ def test_every_writer_records_an_event_name():
             assert arg.attr in vars(Event) and arg.attr.isupper(), f"{where}: no Event.{arg.attr}"
             seen.append(where)
     assert len(seen) >= 20, seen  # the scan found the writers (cache, remote tier, verify, stats)
+
+
+def test_a_slow_uncontended_lock_is_not_counted_as_a_wait(cache_root, cxx):
+    """A lone process held up (a loaded host: here SIGSTOPped for 0.3 s) between taking its free
+    build lock and looking under it waited for nobody: `stats` counts a build and no wait (one
+    that found the lock held counts one: the test below)."""
+    from pathlib import Path
+
+    from .conftest import wait_until
+
+    code = ("import stubcache\n"
+            "print(stubcache.StubCache().load(stubcache.StubSpec('held', 'extern \"C\" int v(void) { return 4; }')).v())")
+    proc = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, STUBCACHE_FAULT="build_lock_taken:stop"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T",
+                   "the process to stop with its build lock taken", proc=proc)
+        stopped = time.monotonic()
+        while time.monotonic() - stopped < 0.3:  # the stimulus: a host that did not run it for 0.3 s
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGCONT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0 and out.split() == ["4"], err
+    data = json.loads(subprocess.run([sys.executable, "-m", "stubcache", "stats", "--format", "json"],
+                                     capture_output=True, text=True, timeout=60, check=True).stdout)
+    assert (data["builds"], data["waits"]) == (1, 0), data
+
+
+def test_a_process_that_found_the_build_held_counts_a_wait(cache_root, cxx, tmp_path):
+    from .conftest import wait_until
+
+    mark = tmp_path / "compiling"
+    code = ("import stubcache\n"
+            "print(stubcache.StubCache().get_or_build(stubcache.StubSpec('waited', 'extern \"C\" int v(void) { return 5; }')).key)")
+    holder = spawn_py(code, env={"STUBCACHE_TEST_CXX_SLEEP": "1.5", "STUBCACHE_TEST_CXX_MARK": str(mark)})
+    wait_until(mark.exists, "the holder to start compiling", proc=holder)
+    waiter = run_py(code)
+    out, err = holder.communicate(timeout=120)
+    assert holder.returncode == 0 and out.split() == waiter.stdout.split(), err
+    assert cxx.compiles() == 1
+    data = json.loads(subprocess.run([sys.executable, "-m", "stubcache", "stats", "--format", "json"],
+                                     capture_output=True, text=True, timeout=60, check=True).stdout)
+    assert (data["builds"], data["waits"]) == (1, 1), data
 
 
 def test_importing_the_build_lock_is_not_counted_as_a_wait(cache_root, cxx, tmp_path):

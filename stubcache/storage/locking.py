@@ -193,12 +193,16 @@ class Lock:
     ``fork_safe``: a child made by ``fork`` closes its inherited copy at once. A lock is held
     until every copy of its open file is closed, so a long-lived forked worker (a DataLoader, a
     ``multiprocessing`` "fork" pool started while a helper thread held the lock) would otherwise
-    keep it for its whole life."""
+    keep it for its whole life.
 
-    __slots__ = ("fd",)
+    ``contended``: another process held the lock when it was first asked for (the holder's
+    build is what this process waited for; time spent getting an uncontended lock is no wait)."""
 
-    def __init__(self, fd: int, *, fork_safe: bool = False) -> None:
+    __slots__ = ("fd", "contended")
+
+    def __init__(self, fd: int, *, fork_safe: bool = False, contended: bool = False) -> None:
         self.fd = fd
+        self.contended = contended
         if fork_safe:
             _CLOSE_IN_CHILD.add(fd)
 
@@ -393,7 +397,7 @@ def acquire(store: "Store", base: str, timeout: float, name: str,
         load_build_lock()
         if wait_flock(fd, EX, timeout, max_delay=0.01, until=until if published is not None else None,
                       notice=notice, attempt=try_build_lock):
-            return Lock(fd)
+            return Lock(fd, contended=True)
         if not seen_published:  # the time is up (not the entry published)
             raise LockTimeoutError(
                 f"timed out after {timeout:.0f}s waiting for the build of {name!r} (key {base}) held "
