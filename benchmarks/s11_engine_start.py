@@ -22,6 +22,7 @@ existing root against the bare compiler (``c++ -shared -fPIC``, spawned from thi
 
 from __future__ import annotations
 
+import json
 import statistics
 
 from _common import STUB_NAME, Ctx, fmt_time, ratio, row, run_json, target, variant_source
@@ -111,6 +112,34 @@ print(json.dumps({"(part of the imports) unmarshalling their bytecode again, bes
 """
 
 
+# A cold call's phases, from stubcache's own DEBUG lines (stubcache.edge.log.debug: the logger
+# "stubcache"), each stamped when it is logged: what ended how long after the call began.
+PHASES = (("probed the compiler ", "toolchain probed (a fresh host)"), (": not in the cache ", "key computed, looked up (imports, fingerprint)"),
+          (": compiling (", "compiler about to start (lookup, build lock, staging)"),
+          (": compiled in ", "compiler finished"), (": inputs tracked ", "inputs tracked, load checked"),
+          (": published as ", "published"))
+COLD_TIMELINE = ENGINE + r"""
+import logging
+marks = {}
+class Mark(logging.Handler):
+    def emit(self, record):
+        marks.setdefault(record.getMessage(), pc() - t0)
+log = logging.getLogger("stubcache")
+log.addHandler(Mark())
+log.setLevel(logging.DEBUG)
+log.propagate = False
+src = open(sys.argv[1]).read()
+t0 = pc()
+import stubcache
+stubcache.load_inline(sys.argv[2], src, build_directory=sys.argv[3], is_python_module=False, no_implicit_headers=True)
+t1 = pc()
+phases = json.loads(sys.argv[4])
+out = {label: next((t for m, t in marks.items() if pat in m), None) for pat, label in phases}
+out["returned"] = t1 - t0
+print(json.dumps(out))
+"""
+
+
 def run(ctx: Ctx) -> dict:
     reps = ctx.reps(5, 15)
     cold_reps = ctx.reps(2, 5)
@@ -157,6 +186,7 @@ def run(ctx: Ctx) -> dict:
     # Cold: a fresh root per repetition (the toolchain probed), torch into a fresh directory, a
     # new stub in an existing root, the bare compiler; interleaved.
     cold: dict[str, list[float]] = {"fresh": [], "torch": [], "existing": [], "bare": [], "new_root": []}
+    timeline: dict[str, dict[str, list[float]]] = {"existing": {}, "fresh": {}}
     used_root = ctx.fresh_dir("s11-used-root")
     state_dir = ctx.fresh_dir("s11-state")  # this user's state on a host that has built before
     used_env = child_env_for(inst, STUBCACHE_DIR=str(used_root), XDG_STATE_HOME=str(state_dir))
@@ -174,6 +204,16 @@ def run(ctx: Ctx) -> dict:
         vsrc.write_text(variant_source(1000 + i))  # a new key in the existing root
         cold["existing"].append(child(DROPIN, [vsrc, STUB_NAME, ctx.fresh_dir("s11-bd")], used_env)["total"])
         cold["bare"].append(bare_compile(ctx)[0])
+        # Where the time goes: the same two cold starts again, with stubcache's DEBUG lines stamped.
+        for where, e in (("existing", used_env), ("fresh", child_env_for(
+                inst, STUBCACHE_DIR=str(ctx.fresh_dir("s11-fresh-root")),
+                XDG_STATE_HOME=str(ctx.fresh_dir("s11-fresh-state"))))):
+            tsrc = ctx.work / f"s11-timeline-{where}-{i}.cpp"
+            tsrc.write_text(variant_source(2000 + i))
+            marks = child(COLD_TIMELINE, [tsrc, STUB_NAME, ctx.fresh_dir("s11-bd"), json.dumps(PHASES)], e)
+            for label, t in marks.items():
+                if t is not None:
+                    timeline[where].setdefault(label, []).append(t)
 
     med = {k: statistics.median(v) for k, v in warm.items()}
     cmed = {k: statistics.median(v) for k, v in cold.items()}
@@ -197,6 +237,9 @@ def run(ctx: Ctx) -> dict:
         row("cold, engine process", "stubcache drop-in, new stub in an existing root", cold["existing"]),
         row("cold", "bare c++ -shared -fPIC (spawned from the benchmark)", cold["bare"]),
     ]
+    for where, case in (("existing", "cold, new stub in an existing root: phase ended after"),
+                        ("fresh", "cold, fresh root on a fresh host: phase ended after")):
+        rows += [row(case, label, times) for label, times in timeline[where].items()]
     r_drop = ratio(med["torch"], med["dropin"])
     r_load = ratio(med["torch"], med["load"])
     r_fresh = ratio(cmed["fresh"], cmed["torch"])
@@ -230,6 +273,8 @@ def run(ctx: Ctx) -> dict:
         "Modules a first hit imports (breakdown child): " + ", ".join(modules) +
         f" ({len(modules)}, {pyc_bytes / 1024:.0f} KiB of bytecode).",
         "The bare compiler is spawned from the benchmark process (no torch loaded): the floor a build can reach.",
+        "Cold phases: one more cold start of each kind per repetition, with the logger 'stubcache' at DEBUG "
+        "(its build-phase lines, stamped as logged, in ms after the call began; not part of the timed rows).",
     ]
     return {"id": 11, "title": "Engine start, warm and cold (torch imported first)", "rows": rows,
             "targets": targets, "notes": notes}

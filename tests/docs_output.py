@@ -192,6 +192,22 @@ def ops_compile_error(s: Session) -> None:
     s.lines += out.rstrip("\n").split("\n")
 
 
+def ops_phases(s: Session) -> None:
+    code = textwrap.dedent("""\
+        import logging, stubcache
+        logging.basicConfig(format="%(message)s")
+        logging.getLogger("stubcache").setLevel(logging.DEBUG)
+        stubcache.load_inline("phases", 'extern "C" int f(void) { return 1; }', is_python_module=False,
+                              no_implicit_headers=True)
+        """)
+    (s.tmp / "phases.py").write_text(code)
+    state = {"XDG_STATE_HOME": str(s.tmp / "state")}
+    s.sh("python -c 'import stubcache; stubcache.load_inline(\"other\", \"int g() { return 2; }\", "
+         "is_python_module=False, no_implicit_headers=True)'", show=False, **state)  # a host that has built before
+    s.sh("cat phases.py")
+    s.sh("python phases.py", **state)
+
+
 def cache_build_error(s: Session) -> None:
     code = ('import stubcache\ntry:\n    stubcache.load_inline("broken", "int f() { return nope; }", '
             'is_python_module=False, no_implicit_headers=True)\nexcept stubcache.BuildError as e:\n'
@@ -321,7 +337,7 @@ SCENARIOS: dict[str, Callable[[Session], None]] = {
     "cli-explain-stale": cli_explain_stale, "cli-explain-closest": cli_explain_closest, "cli-warm": cli_warm,
     "cli-warm-not-stored": cli_warm_not_stored, "cli-stats": cli_stats, "cli-stats-prometheus": cli_stats_prometheus,
     "cli-config": cli_config, "cli-doctor": cli_doctor,
-    "ops-compile-error": ops_compile_error, "cache-build-error": cache_build_error,
+    "ops-compile-error": ops_compile_error, "ops-phases": ops_phases, "cache-build-error": cache_build_error,
     "cache-verbose": cache_verbose,
     "remote-ls": remote_ls, "remote-doctor": remote_doctor, "remote-prune": remote_prune, "remote-stats": remote_stats,
 }
@@ -360,6 +376,7 @@ _MASKS = [  # (pattern, replacement), in order: what must vary between runs and 
     (re.compile(r"\b(pid|process) \d+"), r"\1 <PID>"),
     (re.compile(r"<HEX>-\d+-\w+"), "<HEX>-<PID>-<R>"),
     (re.compile(r"\b\d+(?:\.\d+)?(?:s|ms|m|h|d|w)\b"), "<T>"),
+    (re.compile(r"\b\d+(?:\.\d+)? ms\b"), "<T>"),
     (re.compile(r"\b(?:c\+\+|g\+\+|gcc|clang|x86_64-linux-gnu-g\+\+-\d+)\b"), "<CC>"),
     (re.compile(r"\d+\.\d+\.\d+(?:[+-][\w.+-]*)?"), "<VER>"),
     (re.compile(r"\d+(?:\.\d+)? ms round trip"), "<T> round trip"),

@@ -161,3 +161,32 @@ def test_a_quiet_dropin_hit_imports_no_status_line_nor_logger(cache_root, tmp_pa
              "stubcache.edge.progress", "stubcache.edge.log", "stubcache.key.toolchain", "stubcache.build.builder",
              "stubcache.key.tracking", "stubcache.edge.faults"}
     assert not loaded & heavy, loaded & heavy
+
+
+def test_a_build_logs_its_phases_without_importing_logging(cache_root, tmp_path):
+    """A build's DEBUG phase lines (docs/operations.md) cost a process that never imported
+    ``logging`` nothing, not its import; with the logger at DEBUG they come in order."""
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(REPO)!r})
+        if sys.argv[1] == "debug":
+            import logging
+            logging.basicConfig(format="%(message)s")
+            logging.getLogger("stubcache").setLevel(logging.DEBUG)
+        import stubcache
+        stubcache.load_inline(sys.argv[2], 'extern "C" int g(void) {{ return 8; }}', is_python_module=False,
+                              no_implicit_headers=True)
+        print("logging" in sys.modules)
+    """)
+    quiet = subprocess.run([sys.executable, "-S", "-c", code, "quiet", "built_quietly"], capture_output=True,
+                           text=True, timeout=120, env=dict(os.environ, TEST_BUILD_PATH=_filelock_only(tmp_path)))
+    assert quiet.returncode == 0 and quiet.stdout.split() == ["False"], quiet.stderr
+    assert quiet.stderr == ""
+    loud = subprocess.run([sys.executable, "-c", code, "debug", "built_loudly"], capture_output=True, text=True,
+                          timeout=120)
+    assert loud.returncode == 0, loud.stderr
+    lines = [line[len("stubcache: built_loudly: "):] for line in loud.stderr.splitlines()
+             if line.startswith("stubcache: built_loudly: ")]
+    starts = ["not in the cache (key ", "compiling (direct build)", "compiled in ",
+              "inputs tracked and load checked in ", "published as "]
+    assert len(lines) == len(starts) and all(a.startswith(b) for a, b in zip(lines, starts)), loud.stderr

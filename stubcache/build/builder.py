@@ -61,12 +61,15 @@ def build(spec: StubSpec, build_dir: str, compiler: dict[str, Any] | None = None
     t0 = time.perf_counter()
     started_ns = time.time_ns()
     probe = memo = None
+    log.debug("stubcache: %s: compiling (%s build)", spec.name, spec.build_method)
     if spec.build_method == "direct":
         library, out, deps, probe, memo = _build_direct(spec, build_dir, compiler)
     elif spec.separate_units and len(spec.cpp_sources) + len(spec.cuda_sources) > 1:
         library, out, deps = _build_units(spec, build_dir, compiler)
     else:
         library, out, deps = _build_load_inline(spec, build_dir, compiler)
+    t1 = time.perf_counter()
+    log.debug("stubcache: %s: compiled in %.1f ms", spec.name, (t1 - t0) * 1e3)
     # The load check's loader runs in its child while the inputs are tracked here.
     check = loadcheck.start_check(library)
     try:
@@ -76,6 +79,7 @@ def build(spec: StubSpec, build_dir: str, compiler: dict[str, Any] | None = None
         loadcheck.stop(probe)  # not read yet if tracking stopped first
         raise
     loadcheck.finish_check(check, spec.name)  # links but cannot load: a failed build, not an entry
+    log.debug("stubcache: %s: inputs tracked and load checked in %.1f ms", spec.name, (time.perf_counter() - t1) * 1e3)
     module_name = os.path.basename(library).split(".", 1)[0]
     return BuildResult(library, module_name, tracked.files, spec.build_method, time.perf_counter() - t0, out,
                        tracked.record, tracked.unstable)

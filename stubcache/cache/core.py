@@ -470,6 +470,7 @@ class CacheCore:
             return self._untrusted_root(spec, base, exc)
         if found is not None:
             return found
+        log.debug("stubcache: %s: not in the cache (key %s)", spec.name, base)
         require_hit = settings.require_hit()
         if require_hit and self._remote_config is None:
             raise _require_hit_error(spec, base, self.root)
@@ -857,6 +858,7 @@ class CacheCore:
             faults.point("before_publish")
             self._publish(staged_entry, manifest)
             faults.point("after_publish")
+            log.debug("stubcache: %s: published as %s", spec.name, manifest.key)
             self._event(Event.BUILD, manifest.key, result.seconds, name=spec.name, method=result.method)
             return self._find_published(spec, base, manifest.key)
         finally:

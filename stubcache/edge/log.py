@@ -55,3 +55,16 @@ def warning(msg: str, *args: object) -> None:
 
 def info(msg: str, *args: object) -> None:
     logger().info(msg, *args)
+
+
+def debug(msg: str, *args: object) -> None:
+    """A build's phase, for whoever watches (``logging.getLogger("stubcache")`` at ``DEBUG``).
+    Nothing, not even the import of ``logging``, unless ``logging`` is imported already: a
+    process that never imported it cannot have given this logger a handler (a torch-free
+    process's build stays free of its import)."""
+    logging = sys.modules.get("logging")
+    if logging is None and _stderr_level is None:
+        return
+    log = logger()
+    if log.isEnabledFor(10):  # logging.DEBUG
+        log.debug(msg, *args)

@@ -199,7 +199,11 @@ def compiler_identity(command: str, memo: Callable[..., dict[str, Any]]) -> dict
 
         def compute() -> dict[str, Any]:
             import threading
+            import time
 
+            from ..edge import log
+
+            t0 = time.perf_counter()
             # The program named by CXX itself (a script in front of the compiler may add flags),
             # hashed on a thread while the driver is probed.
             own: list[str | None] = []
@@ -221,6 +225,7 @@ def compiler_identity(command: str, memo: Callable[..., dict[str, Any]]) -> dict
                 if prefixes:
                     value["real"]["wrapper_prefix"] = prefixes
                     value["validators"] += [[p["path"], path_sig(p["path"])] for p in prefixes]
+            log.debug("stubcache: probed the compiler %s in %.1f ms", path, (time.perf_counter() - t0) * 1e3)
             return value
 
         value = memo(memo_key, compute, valid=_compiler_answer_holds)
