@@ -549,10 +549,14 @@ def test_import_path_checks_keep_mtime_validators_where_a_new_file_can_change_im
     names = toolchain.import_shadow_names([".cpython-311-x86_64-linux-gnu.so", ".abi3.so", ".so"])
     assert {"torch", "torch.py", "torch.pyc", "torch.cpython-311-x86_64-linux-gnu.so", "torch.abi3.so",
             "torch.so"} <= set(names)
-    for d in (script, plain):
-        os.utime(d, ns=(1, 10**18))  # an old mtime: one a later write cannot share
+    import time
+
+    from stubcache.key.inputs import CLOCK_SLACK_NS
+
+    # Signatures older than the clock's slack (judged by the ctime, which no utime sets back):
+    # ones a later write cannot share, so they are recorded.
+    time.sleep(2 * CLOCK_SLACK_NS / 1e9)
     entries = [str(script), str(archive), str(pthdir), str(absent), str(user_site), str(plain), str(site), str(after)]
-    os.utime(after, ns=(1, 10**18))
     validators, shadows = toolchain.import_path_checks(entries, [str(site), str(user_site)], str(torch), names)
     assert validators == [str(archive), str(pthdir / "extra.pth"), str(absent), str(user_site), str(site)]
     watched = [*names, hit.ANY_PTH]

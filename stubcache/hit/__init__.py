@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 LAYOUT = "v1"  # the layout directory under a root (stubcache.storage.store imports it from here)
-RECORD_FORMAT = 3  # 3: shadow rows may name ANY_PTH; 2: the key's modules moved into layer folders
+RECORD_FORMAT = 4  # 4: signatures hold the ctime; 3: shadow rows may name ANY_PTH; 2: the key's modules moved
 DROPIN_MARK = "__stubcache_dropin__"  # an attribute set on the drop-ins (stubcache.build.torchjit)
 CONFIG_NAME = "stubcache-root.json"  # a root's own configuration (stubcache.storage.trust imports it from here)
 MANIFEST_NAME = "manifest.json"  # an entry's record (stubcache.storage.manifest imports it from here)
@@ -104,8 +104,10 @@ _event_fds: dict[str, tuple[int, int]] = {}  # events dir -> (fd, pid that opene
 
 
 def sig(st: os.stat_result) -> list[int]:
-    # A file's stat signature: device, inode, size, modification time.
-    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
+    # A file's stat signature: device, inode, size, modification and change time (a rewrite
+    # whose mtime was put back, `touch -r`, `cp -p`, a tar extraction, still moves the ctime,
+    # which no user can set).
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def path_sig(path: str) -> list[int] | None:
@@ -319,7 +321,7 @@ class HitRecord:
         if not (key.isascii() and key.isalnum() and base.isascii() and base.isalnum() and name.isascii()  # type: ignore[union-attr]
                 and name.isidentifier()):  # type: ignore[union-attr]  # str: the loop above checked
             return None
-        if type(size) is not int or size < 0 or not _ints(data.get("manifest"), 4):
+        if type(size) is not int or size < 0 or not _ints(data.get("manifest"), 5):
             return None
         env, validators, tracked, shadows = (data.get(k) for k in ("env", "validators", "tracked", "shadows"))
         if not (type(env) is list and type(validators) is list and type(tracked) is list and type(shadows) is list):
@@ -413,7 +415,7 @@ def _unchanged(record: HitRecord) -> bool:
             if want is not None:
                 return False
             continue
-        if [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns] != want:
+        if [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns] != want:
             return False
     for path, want in record.tracked:  # the tracked inputs, as stubcache.key.inputs checks them
         if type(path) is not str:
@@ -429,7 +431,7 @@ def _unchanged(record: HitRecord) -> bool:
             return False
         try:
             st = os.stat(directory)
-            same = [st.st_dev, st.st_ino, st.st_mtime_ns] == want
+            same = [st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns] == want
             if not same and not stat.S_ISDIR(st.st_mode):
                 return False  # no longer a directory: a file on sys.path may be a zip archive
         except OSError:

@@ -102,7 +102,7 @@ def torch_dir() -> str | None:
 # there; toolchain.import_path_checks), so that an engine writing into its script directory
 # keeps the memo. MEMO_LAYOUT names the memo's form: a stubcache that checks no shadows never
 # reads one that has them.
-MEMO_LAYOUT = 3  # 3: shadows may name hit.ANY_PTH, relative entries as given; 2: "shadows" (plain import path directories)
+MEMO_LAYOUT = 4  # 4: signatures hold the ctime; 3: shadows may name hit.ANY_PTH; 2: "shadows" (plain import path directories)
 
 
 def fast_memo_path(state_dir: str, env: dict[str, Any]) -> str:

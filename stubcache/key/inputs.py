@@ -73,16 +73,19 @@ def signature(st: os.stat_result) -> list[Any]:
 
 
 def dir_sig(path: str) -> list[Any] | None:
+    # A directory's signature: device, inode, modification and change time (an entry added by
+    # a tar extraction that restores the directory's mtime still moves its ctime).
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return [st.st_dev, st.st_ino, st.st_mtime_ns]
+    return [st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def recordable(sig: list[Any] | None) -> list[Any] | None:
     """A signature stamped within the clock's slack of now could be reused by a write that
-    follows at once; record none (the lookup then checks the slow way)."""
+    follows at once; record none (the lookup then checks the slow way). Judged by its last
+    field, the change time (which moves with every change of the modification time)."""
     if sig is None or sig[-1] >= time.time_ns() - slack_ns(sig[-1]):
         return None
     return sig

@@ -1,0 +1,98 @@
+"""Changes that hide from a quick look, found by a review that hunted stale hits: a file rewritten
+with its modification time put back, a directory whose mtime a tar extraction restored, gcc's
+long spellings of path flags, and a program installed earlier in the driver's search for it.
+
+Each test builds through the drop-in (which leaves a hit record), changes the world, and checks
+that a new process's identical call loads what a fresh build gives now, through the record and
+through the full path (the record removed)."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO
+
+CALL = """
+import ctypes, json, sys
+import stubcache
+cfg = json.loads(sys.argv[1])
+path = stubcache.load_inline(cfg["name"], cfg["src"], is_python_module=False, no_implicit_headers=True,
+                             extra_cflags=cfg.get("cflags"), extra_ldflags=cfg.get("ldflags"))
+print(json.dumps({"value": ctypes.CDLL(path).value(), "path": path}))
+"""
+
+
+def call(cfg: dict, env: dict, require_hit: bool = False) -> tuple[int, str]:
+    full = dict(os.environ, PYTHONPATH=str(REPO), **env)
+    full.pop("STUBCACHE_REQUIRE_HIT", None)
+    if require_hit:
+        full["STUBCACHE_REQUIRE_HIT"] = "1"
+    proc = subprocess.run([sys.executable, "-c", CALL, json.dumps(cfg)], env=full, capture_output=True, text=True,
+                          timeout=120)
+    if proc.returncode != 0:
+        return -1, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out["value"], out["path"]
+
+
+def records(root: Path) -> list[Path]:
+    return sorted((root / "v1" / "state").glob("hit-*.json"))
+
+
+def warm_and_full(cfg: dict, env: dict, root: Path) -> tuple[int, int]:
+    """The value a new process's warm call loads through the record, then through the full path."""
+    assert records(root), "the first call left no hit record"
+    through_record = call(cfg, env)[0]
+    for r in records(root):
+        r.unlink()
+    return through_record, call(cfg, env)[0]
+
+
+def restore_times(path: Path, st: os.stat_result) -> None:
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_a_cxx_script_rewritten_with_its_mtime_put_back_is_noticed(tmp_path):
+    root = tmp_path / "root"
+    script = tmp_path / "cxx.sh"
+    gxx = shutil.which("g++") or shutil.which("c++")
+    script.write_text(f'#!/bin/sh\nexec {gxx} -DVAL=1 "$@"\n')
+    script.chmod(0o755)
+    env = {"STUBCACHE_DIR": str(root), "CXX": str(script), "XDG_STATE_HOME": str(tmp_path / "state")}
+    cfg = {"name": "cxx_script", "src": 'extern "C" int value(void) { return VAL; }'}
+    assert call(cfg, env)[0] == 1
+    assert call(cfg, env, require_hit=True)[0] == 1  # a warm hit, through the record
+    before = script.stat()
+    script.write_text(f'#!/bin/sh\nexec {gxx} -DVAL=2 "$@"\n')  # same size, same inode
+    restore_times(script, before)
+    assert script.stat().st_size == before.st_size and script.stat().st_mtime_ns == before.st_mtime_ns
+    assert warm_and_full(cfg, env, root) == (2, 2)
+
+
+def test_a_header_extracted_into_a_directory_whose_mtime_tar_restored_is_noticed(tmp_path):
+    root = tmp_path / "root"
+    overlay, base = tmp_path / "sdk" / "overlay", tmp_path / "sdk" / "base"
+    overlay.mkdir(parents=True)
+    base.mkdir()
+    (base / "val.h").write_text("#define VAL 1\n")
+    past = 1_700_000_000_000_000_000
+    for d in (overlay, base):
+        os.utime(d, ns=(past, past))
+    env = {"STUBCACHE_DIR": str(root), "CPLUS_INCLUDE_PATH": f"{overlay}:{base}",
+           "XDG_STATE_HOME": str(tmp_path / "state")}
+    cfg = {"name": "restored_dir", "src": '#include <val.h>\nextern "C" int value(void) { return VAL; }'}
+    assert call(cfg, env)[0] == 1
+    assert call(cfg, env, require_hit=True)[0] == 1
+    before = overlay.stat()
+    (overlay / "val.h").write_text("#define VAL 2\n")  # an SDK update: tar puts the mtime back
+    restore_times(overlay, before)
+    assert overlay.stat().st_mtime_ns == before.st_mtime_ns
+    assert warm_and_full(cfg, env, root) == (2, 2)
