@@ -8,7 +8,6 @@ through the full path (the record removed)."""
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
@@ -96,3 +95,67 @@ def test_a_header_extracted_into_a_directory_whose_mtime_tar_restored_is_noticed
     restore_times(overlay, before)
     assert overlay.stat().st_mtime_ns == before.st_mtime_ns
     assert warm_and_full(cfg, env, root) == (2, 2)
+
+
+def _assembler(path: Path, value: int | None) -> None:
+    """An ``as`` in front of the system's: with ``value``, it makes ``return 1`` return ``value``
+    (another assembler, as far as the library is concerned)."""
+    edit = (f"sed -i 's/movl\\t\\$1, %eax/movl\\t${value}, %eax/' \"$last\"\n" if value is not None else "")
+    path.write_text(f'#!/bin/sh\nfor a; do last=$a; done\n{edit}exec /usr/bin/as "$@"\n')
+    path.chmod(0o755)
+
+
+@pytest.fixture
+def gnu_toolchain():
+    cxx = shutil.which(os.environ.get("CXX") or "c++") or ""
+    out = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout.lower()
+    if "clang" in out or not os.path.exists("/usr/bin/as"):
+        pytest.skip("gcc's driver and GNU as (clang's integrated assembler runs no as)")
+
+
+def test_an_assembler_under_gccs_long_spelling_of_dash_b_is_identified(tmp_path, gnu_toolchain):
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    _assembler(tools / "as", None)
+    env = {"STUBCACHE_DIR": str(tmp_path / "root"), "XDG_STATE_HOME": str(tmp_path / "state")}
+    cfg = {"name": "long_prefix", "src": 'extern "C" int value(void) { return 1; }', "cflags": [f"--prefix={tools}/"]}
+    assert call(cfg, env)[0] == 1
+    assert call(cfg, env, require_hit=True)[0] == 1
+    _assembler(tools / "as", 3)  # the assembler there upgraded
+    assert call(cfg, env)[0] == 3
+
+
+def test_a_library_in_a_long_spelled_library_directory_is_watched(tmp_path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    cxx = shutil.which(os.environ.get("CXX") or "c++") or "c++"
+
+    def archive(where: Path, value: int) -> None:
+        src = tmp_path / "val.cpp"
+        src.write_text(f'extern "C" int val(void) {{ return {value}; }}')
+        subprocess.run([cxx, "-fPIC", "-c", str(src), "-o", str(tmp_path / "val.o")], check=True)
+        subprocess.run(["ar", "rcs", str(where / "libval.a"), str(tmp_path / "val.o")], check=True)
+
+    archive(second, 1)
+    env = {"STUBCACHE_DIR": str(tmp_path / "root"), "XDG_STATE_HOME": str(tmp_path / "state")}
+    cfg = {"name": "long_libdir", "src": 'extern "C" int val(void);\nextern "C" int value(void) { return val(); }',
+           "ldflags": [f"--library-directory={first}", "--library-directory", str(second), "-lval"]}
+    assert call(cfg, env)[0] == 1
+    assert call(cfg, env, require_hit=True)[0] == 1
+    archive(first, 2)  # the same library, now found first
+    assert call(cfg, env)[0] == 2
+
+
+def test_gccs_long_spellings_are_scanned_as_their_short_forms():
+    from stubcache.key.flagscan import scan, short_spellings
+
+    assert short_spellings(["--prefix=/a/", "--prefix", "/b/", "--library-directory=/c", "--include-directory", "/d",
+                            "--plugin=/p.so", "--machine-arch=native", "--for-linker=-L/e", "--no-standard-includes",
+                            "--include=/h.h", "--ld-path=/l", "--sysroot=/s", "--specs=/f", "-O2"]) == [
+        "-B/a/", "-B/b/", "-L/c", "-I/d", "-fplugin=/p.so", "-march=native", "-Xlinker", "-L/e", "-nostdinc",
+        "-include", "/h.h", "--ld-path=/l", "--sysroot=/s", "--specs=/f", "-O2"]
+    found = scan(["--prefix=/a/", "--include-directory=/d", "--plugin=/p.so", "--machine-arch=native"],
+                 ["--library-directory", "/c", "--for-linker", "-L/e", "-lval"])
+    assert (found.tool_flags, found.search, found.files, found.host_targets, found.lib_dirs, found.lib_names) == (
+        ("-B/a/",), ("-I/d",), ("/p.so",), ("-march=native",), ("/c", "/e"), ("val",))

@@ -17,6 +17,9 @@ for this CPU. :func:`scan` reads any number of lists and says, for each flag tha
 * ``lib_dirs``/``lib_names``: ``-L``/``-l`` given to the driver or to the linker through
   ``-Wl,``/``-Xlinker``, in order.
 
+gcc's long spellings (``--prefix=DIR``, ``--library-directory=DIR``, ``--include-directory``,
+``--plugin=FILE``, …) are read as their short forms (:func:`short_spellings`).
+
 Pure: no file is opened (a hit builds specs, and so scans, without touching disk).
 """
 
@@ -38,6 +41,17 @@ FILE_WITH_VALUE = ("-include", "-imacros", "-specs", "--specs", "-fplugin", "-fp
 LINKER_FILE_OPTIONS = ("-T", "--script", "--version-script", "--dynamic-list", "-dT", "--default-script",
                        "--retain-symbols-file")
 HOST_TARGET_PREFIXES = ("-march=", "-mtune=", "-mcpu=")
+# gcc's long spellings of flags scanned here (the Alias entries of its option files; clang takes
+# most of them too): "--prefix=DIR" and "--prefix DIR" are "-B DIR", and so on. gcc reads any
+# other "--name[=value]" as "-fname[=value]" ("--plugin=x.so" is "-fplugin=x.so") and
+# "--machine-X", "--machine=X" as "-mX"; it takes no abbreviation of a long option.
+LONG_ALIASES = {"--prefix": "-B", "--library-directory": "-L", "--include-directory": "-I",
+                "--include-directory-after": "-idirafter", "--include-prefix": "-iprefix",
+                "--include-with-prefix": "-iwithprefix", "--include-with-prefix-after": "-iwithprefix",
+                "--include-with-prefix-before": "-iwithprefixbefore", "--imacros": "-imacros",
+                "--include": "-include", "--for-linker": "-Xlinker", "--force-link": "-u"}
+LONG_ALONE = {"--no-standard-includes": "-nostdinc", "--include-barrier": "-I-"}
+_JOINED_SHORT = ("-B", "-L", "-I")  # "-BDIR"; the others take their value as the next word
 
 
 class FlagScan:
@@ -69,9 +83,39 @@ def _linker_args(flag: str, nxt: str | None) -> tuple[list[str], int]:
     return [], 1
 
 
+def short_spellings(flags: Iterable[str]) -> list[str]:
+    """``flags`` with gcc's long spellings of the flags :func:`scan` reads rewritten to their
+    short forms (see :data:`LONG_ALIASES`), every other flag as it is."""
+    flags = list(flags)
+    out: list[str] = []
+    i, n = 0, len(flags)
+    while i < n:
+        f = flags[i]
+        i += 1
+        if not f.startswith("--"):
+            out.append(f)
+            continue
+        name, eq, value = f.partition("=")
+        short = LONG_ALIASES.get(name)
+        if short is not None and not eq and i < n:  # "--prefix DIR"
+            value, eq = flags[i], "="
+            i += 1
+        if short is not None and eq:
+            out += [short + value] if short in _JOINED_SHORT else [short, value]
+        elif f in LONG_ALONE:
+            out.append(LONG_ALONE[f])
+        elif name.startswith("--machine-") or (name == "--machine" and eq):
+            out.append("-m" + (f[len("--machine-"):] if name != "--machine" else value))
+        elif eq and "-f" + name[2:] in FILE_WITH_VALUE:
+            out.append("-f" + f[2:])
+        else:
+            out.append(f)
+    return out
+
+
 def scan(*lists: Iterable[str]) -> FlagScan:
     """Scan the flag lists (in command-line order) for everything :class:`FlagScan` holds."""
-    flags = [f for lst in lists for f in lst]
+    flags = short_spellings(f for lst in lists for f in lst)
     search: list[str] = []
     host: list[str] = []
     tools: list[str] = []
