@@ -276,12 +276,27 @@ FOUND_BLANK_IN_FLAG = {
     "includes": ['"', "<", "<"], "edits": [("change", 0, 0, 0, 300)]}
 
 
+# Found when the derandomized run met it (2026-12-03): an -isystem directory spelled `da/x/../inc`
+# (x a plain directory); gcc names the header it finds there `da/inc/h1.h` (it simplifies the
+# path) but lists the directory as given, so the header was filed under no search directory and
+# `h1.h` appearing in an earlier -I directory went unnoticed.
+FOUND_SIMPLIFIED_DIR = {
+    "names": ["d:", "da", "d::"],
+    "dirs": [{"headers": {2: _h(3)}, "up": None}, {"headers": {1: _h(2)}, "up": None},
+             {"headers": {0: _h(1, up=True)}, "up": None}],
+    "slots": [{"dir": 0, "spelling": "plain", "other": 0, "kind": "-I"},
+              {"dir": 1, "spelling": "dotdot", "other": 0, "kind": "-isystem"},
+              {"dir": 2, "spelling": "plain", "other": 0, "kind": "-I"}],
+    "includes": ['"', '"', '"'], "edits": [("create", 0, 0, 1, 200)]}
+
+
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=not LONG, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @example(world=TRAP)
 @example(world=FOUND_DUPLICATE_DIR)
 @example(world=FOUND_NON_UTF8_DIR)
 @example(world=FOUND_BLANK_IN_FLAG)
+@example(world=FOUND_SIMPLIFIED_DIR)
 @given(world=worlds())
 def test_what_loads_is_what_a_bare_build_gives_now(world):
     _check(world)  # no fixtures: each example makes (and removes) its own directory and root

@@ -561,11 +561,18 @@ def shadow_candidates(headers: list[str], search: SearchPath, pinned: Sequence[s
     for p, names in (beside or {}).items():
         if unpinned(p):
             cands.update(n if os.path.isabs(n) else os.path.join(p, n) for n in names)
+    real_dirs: list[str] | None = None
     for header in headers:
-        for k, d in enumerate(dirs):
-            if not header.startswith(d.rstrip("/") + "/"):
-                continue
-            rel = header[len(d.rstrip("/")) + 1:]
+        under = [(k, header[len(d.rstrip("/")) + 1:]) for k, d in enumerate(dirs) if header.startswith(d.rstrip("/") + "/")]
+        if not under:
+            # gcc names a header as it simplified the path (`dir/x/../inc` is `dir/inc` where
+            # `x` is a plain directory) but lists its search directory as given: the header's
+            # directory is then known by where both resolve.
+            if real_dirs is None:
+                real_dirs = [os.path.realpath(d).rstrip("/") + "/" for d in dirs]
+            real = os.path.realpath(header)
+            under = [(k, real[len(r):]) for k, r in enumerate(real_dirs) if real.startswith(r)]
+        for k, rel in under:
             for e in dirs[:k] + missing:
                 if e in open_dirs:
                     cands.add(os.path.join(e, rel))
