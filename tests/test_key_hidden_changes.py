@@ -159,3 +159,28 @@ def test_gccs_long_spellings_are_scanned_as_their_short_forms():
                  ["--library-directory", "/c", "--for-linker", "-L/e", "-lval"])
     assert (found.tool_flags, found.search, found.files, found.host_targets, found.lib_dirs, found.lib_names) == (
         ("-B/a/",), ("-I/d",), ("/p.so",), ("-march=native",), ("/c", "/e"), ("val",))
+
+
+@pytest.mark.parametrize("where", ["PATH", "PATH, CXX absolute", "COMPILER_PATH", "-B"])
+def test_an_assembler_installed_earlier_in_the_drivers_search_is_noticed(tmp_path, gnu_toolchain, where):
+    """gcc runs the first ``as`` in its -B and COMPILER_PATH directories, else the one PATH finds:
+    an ``as`` that appears in such a directory searched earlier is run from then on."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    env = {"STUBCACHE_DIR": str(tmp_path / "root"), "XDG_STATE_HOME": str(tmp_path / "state")}
+    cfg: dict = {"name": "earlier_as", "src": 'extern "C" int value(void) { return 1; }'}
+    if where.startswith("PATH"):
+        env["PATH"] = f"{tools}:{os.environ['PATH']}"
+        if where.endswith("absolute"):  # no PATH lookup for the compiler itself
+            env["CXX"] = os.path.realpath(shutil.which(os.environ.get("CXX") or "c++") or "c++")
+    elif where == "COMPILER_PATH":
+        env["COMPILER_PATH"] = str(tools)
+    else:
+        cfg["cflags"] = [f"-B{tools}/"]
+    assert call(cfg, env)[0] == 1
+    assert call(cfg, env, require_hit=True)[0] == 1
+    _assembler(tools / "as", 4)  # installed where the driver looks first
+    if where == "-B":  # no hit record for a spec that picks its own tools
+        assert call(cfg, env)[0] == 4
+    else:
+        assert warm_and_full(cfg, env, tmp_path / "root") == (4, 4)

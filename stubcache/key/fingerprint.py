@@ -160,6 +160,9 @@ class Fingerprint:
         # one object so a thread can never pair a new environment with an old fingerprint.
         self._current: tuple[Any, dict[str, Any]] | None = None
         self._compilers: dict[str, dict[str, Any]] = {}
+        # command -> the compiler probe's own validators (its tools, where the driver looked for
+        # them): the whole-fingerprint memo holds only while they do.
+        self._identity_validators: dict[str, list[Any]] = {}
         self._natives: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._flag_tools: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._torch_dir: str | None = None
@@ -206,8 +209,10 @@ class Fingerprint:
                 "env": env,
             }
             if self.state_dir and not self.read_only and os.path.isdir(self.state_dir):
+                held = self._identity_validators.get(env.get("CXX", "c++"), [])
                 write_json(fast_memo_path(self.state_dir, env),
-                            {"fp": fp, "torch_dir": self.torch_dir(), **toolchain.memo_checks(fp, env, self.torch_dir())})
+                            {"fp": fp, "torch_dir": self.torch_dir(),
+                             **toolchain.memo_checks(fp, env, self.torch_dir(), held)})
         self._current = (snap, fp)
         return fp
 
@@ -228,7 +233,22 @@ class Fingerprint:
         """
         from . import toolchain
 
-        return self._once(self._compilers, command, lambda: toolchain.compiler_identity(command, self._memo))
+        def compute() -> dict[str, Any]:
+            held: list[Any] = []
+
+            def memo(memo_key: str, answer: Callable[[], dict[str, Any]],
+                     valid: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, Any]:
+                value = self._memo(memo_key, answer, valid)
+                if isinstance(value.get("validators"), list):
+                    held.extend(value["validators"])
+                return value
+
+            ident = toolchain.compiler_identity(command, memo)
+            with self._lock:
+                self._identity_validators[command] = held
+            return ident
+
+        return self._once(self._compilers, command, compute)
 
     def compiler_facts(self) -> dict[str, Any]:
         """The probed record of the real compiler behind ``CXX`` (``cc1``, ``as``, ``ld``, its own

@@ -190,7 +190,7 @@ def compiler_identity(command: str, memo: Callable[..., dict[str, Any]]) -> dict
         # The program is named by its inode and change time too: the answer is kept per user
         # across roots (probememo), and a program replaced by one of the same size and mtime
         # (`cp -p`, `touch -r`, an `mv` over it) must be probed again.
-        memo_key = (f"cc4:{command}:{found}:{path}:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:"
+        memo_key = (f"cc5:{command}:{found}:{path}:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:"
                     f"{st.st_ctime_ns}:{os.environ.get('PATH', '')}:"
                     f"{driver and os.path.realpath(driver)}:{dsig}:{_tool_env()}")
         wrapper = is_wrapper(found)
@@ -404,6 +404,32 @@ def _resolve_tool(path: str | None) -> str | None:
     return os.path.realpath(path) if path else None
 
 
+def programs_dirs(text: str) -> list[str]:
+    """The directories a driver searches for the programs it runs (its ``-print-search-dirs``
+    ``programs:`` line: ``-B`` and ``COMPILER_PATH`` directories, then its own), as given."""
+    for line in text.splitlines():
+        if line.startswith("programs: "):
+            return [d for d in line[len("programs: "):].lstrip("=").split(os.pathsep) if d]
+    return []
+
+
+def search_validators(programs: list[str], answers: list[str]) -> list[list[Any]]:
+    """Validators for where the driver looked for its programs: each of its ``programs``
+    directories (a program installed there later is run instead; a directory's signature moves
+    when a name appears in it), and for a program it answered by bare name (found in none of
+    them: it runs the one ``PATH`` finds) the ``PATH`` directories up to that one."""
+    dirs = list(programs)
+    path_dirs = [d or "." for d in os.environ.get("PATH", os.defpath).split(os.pathsep)]
+    for name in answers:
+        if name and os.sep not in name and not name.startswith("<failed"):
+            found = which(name)
+            for d in path_dirs:
+                dirs.append(d)
+                if found is not None and os.path.dirname(found) == d:
+                    break
+    return [[d, path_sig(d)] for d in dict.fromkeys(dirs)]
+
+
 def _tool(path: str) -> dict[str, Any] | None:
     """A program by resolved path, SHA-256 and first line of ``--version``."""
     real = _resolve_tool(path)
@@ -425,7 +451,7 @@ def _probe_compiler(cmd: list[str]) -> dict[str, Any]:
         [[*cmd, "--version"], [*cmd, "-###", "-x", "c++", "-c", os.devnull, "-o", os.devnull],
          [*cmd, "-print-prog-name=as"], [*cmd, "-print-prog-name=ld"],
          [*cmd, "-x", "c++", "-E", "-v", os.devnull, "-o", os.devnull]]
-        + [[*cmd, probe] for probe in OWN_DIR_PROBES], env=plain_env)
+        + [[*cmd, probe] for probe in OWN_DIR_PROBES] + [[*cmd, "-print-search-dirs"]], env=plain_env)
     # The binaries are hashed on threads (hashlib releases the GIL), each as soon as its path is
     # known (cc1plus, ~35 MB, is a fresh host's longest step), while the other probes run.
     sums: dict[str, str | None] = {}
@@ -469,14 +495,15 @@ def _probe_answers(procs: list[Any], hash_on_thread: Callable[[str | None], None
                 cc1 = os.path.realpath(first)
                 break
     hash_on_thread(cc1)
-    as_path, ld_path = _resolve_tool(_finish(started[2]).strip()), _resolve_tool(_finish(started[3]).strip())
+    as_name, ld_name = _finish(started[2]).strip(), _finish(started[3]).strip()
+    as_path, ld_path = _resolve_tool(as_name), _resolve_tool(ld_name)
     hash_on_thread(as_path)
     hash_on_thread(ld_path)
     runs = [[as_path, "--version"]] if as_path else []
     runs += [[ld_path, "--version"], [ld_path, "--help"]] if ld_path else []
     later = _start_all(runs)
     procs += later  # (waited for by the caller's cleanup too)
-    version, defaults, *own = [_finish(p) for p in (started[0], *started[4:])]
+    version, defaults, *own, search_dirs = [_finish(p) for p in (started[0], *started[4:])]
     texts = [_finish(p) for p in later]
     for t in threads:
         t.join()
@@ -507,6 +534,8 @@ def _probe_answers(procs: list[Any], hash_on_thread: Callable[[str | None], None
     for tool in real.values():
         if isinstance(tool, dict) and tool.get("path"):
             validators.append([tool["path"], path_sig(tool["path"])])
+    # Where the driver looked for as and ld: a program that appears earlier there is run instead.
+    validators += search_validators(programs_dirs(search_dirs), [as_name, ld_name])
     return {"version": version.strip(), "real": real, "validators": validators}
 
 
@@ -592,7 +621,7 @@ def _clang_linker(output: str) -> str | None:
 
 def flag_tools(cxx: str, flags: tuple[Any, ...], ident: dict[str, Any], memo: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     """See :meth:`Fingerprint.flag_tools`."""
-    memo_key = (f"tools2:{ident.get('path')}:{ident.get('version')}:{flags}:{os.environ.get('PATH', '')}:"
+    memo_key = (f"tools3:{ident.get('path')}:{ident.get('version')}:{flags}:{os.environ.get('PATH', '')}:"
                 f"{_tool_env()}")
 
     def compute() -> dict[str, Any]:
@@ -600,6 +629,7 @@ def flag_tools(cxx: str, flags: tuple[Any, ...], ident: dict[str, Any], memo: Ca
 
         words = shlex.split(cxx) or [cxx]
         cmds = [[*words, *flags, f"-print-prog-name={prog}"] for prog in ("cc1plus", "as", "ld")]
+        cmds.append([*words, *flags, "-print-search-dirs"])
         clang = "clang" in str(ident.get("version") or "").lower()
         if clang:
             # clang answers -print-prog-name=ld without -fuse-ld= and -B (gcc's driver heeds
@@ -607,6 +637,7 @@ def flag_tools(cxx: str, flags: tuple[Any, ...], ident: dict[str, Any], memo: Ca
             cmds.append([*words, *flags, "-###", "-shared", "-x", "none", os.devnull, "-o", os.devnull])
         names = _run_all(cmds)
         linker = _clang_linker(names.pop()) if clang else None
+        searched = search_validators(programs_dirs(names.pop()), [n.strip() for n in names])
         if linker:
             names[2] = linker
         value: dict[str, Any] = {"flags": list(flags), "validators": []}
@@ -615,6 +646,7 @@ def flag_tools(cxx: str, flags: tuple[Any, ...], ident: dict[str, Any], memo: Ca
             value[prog] = tool
             if tool:
                 value["validators"].append([tool["path"], path_sig(tool["path"])])
+        value["validators"] += searched  # where it looked (-B directories first)
         return value
 
     value = memo(memo_key, compute, valid=_real_tools_unchanged)
@@ -747,10 +779,12 @@ def _file_in_path(path: str) -> list[str]:
         return [] if stat.S_ISDIR(st.st_mode) else [probe]
 
 
-def memo_checks(fp: dict[str, Any], env: dict[str, Any], tdir: str | None) -> dict[str, Any]:
+def memo_checks(fp: dict[str, Any], env: dict[str, Any], tdir: str | None,
+                held: Sequence[Any] = ()) -> dict[str, Any]:
     """What the whole-fingerprint memo ``fp`` (for the key variables ``env`` and the torch in
     ``tdir``) holds under: ``validators`` (path, stat signature) and ``shadows`` (see
-    :func:`import_path_checks`)."""
+    :func:`import_path_checks`). ``held``: the compiler probe's own validators (path, signature
+    when probed), which the memo keeps as they are."""
     import importlib.machinery
 
     # The import path up to torch's directory: a torch installed earlier on it must be noticed.
@@ -777,7 +811,11 @@ def memo_checks(fp: dict[str, Any], env: dict[str, Any], tdir: str | None) -> di
         if isinstance(tool, dict) and tool.get("path"):
             paths.append(tool["path"])  # the compiler behind a wrapper, its assembler and linker
     # Once each: PATH may name a directory twice, and a found compiler is often its real file.
-    return {"validators": [[p, path_sig(p)] for p in dict.fromkeys(paths)], "shadows": shadows}
+    rows = {p: path_sig(p) for p in dict.fromkeys(paths)}
+    for row in held:
+        if isinstance(row, list) and len(row) == 2 and type(row[0]) is str:
+            rows[row[0]] = row[1]  # as probed: a change since then must not be blessed here
+    return {"validators": [[p, sig] for p, sig in rows.items()], "shadows": shadows}
 
 
 def python_facts() -> dict[str, Any]:
