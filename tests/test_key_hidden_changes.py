@@ -155,6 +155,10 @@ def test_gccs_long_spellings_are_scanned_as_their_short_forms():
                             "--include=/h.h", "--ld-path=/l", "--sysroot=/s", "--specs=/f", "-O2"]) == [
         "-B/a/", "-B/b/", "-L/c", "-I/d", "-fplugin=/p.so", "-march=native", "-Xlinker", "-L/e", "-nostdinc",
         "-include", "/h.h", "--ld-path=/l", "--sysroot=/s", "--specs=/f", "-O2"]
+    # The value of a flag that takes the next word is that flag's, whatever it looks like.
+    kept = ["-Xassembler", "--prefix=/t", "-MF", "--prefix=/x", "--param", "--prefix=/y", "-o",
+            "--include-directory=/d", "-Xpreprocessor", "--include", "-Xpreprocessor", "/etc/hostname"]
+    assert short_spellings(kept) == kept
     found = scan(["--prefix=/a/", "--include-directory=/d", "--plugin=/p.so", "--machine-arch=native"],
                  ["--library-directory", "/c", "--for-linker", "-L/e", "-lval"])
     assert (found.tool_flags, found.search, found.files, found.host_targets, found.lib_dirs, found.lib_names) == (
@@ -184,3 +188,52 @@ def test_an_assembler_installed_earlier_in_the_drivers_search_is_noticed(tmp_pat
         assert call(cfg, env)[0] == 4
     else:
         assert warm_and_full(cfg, env, tmp_path / "root") == (4, 4)
+
+
+def test_a_working_directory_on_path_does_not_cost_the_record(tmp_path, gnu_toolchain):
+    """PATH with an empty entry (the working directory): the probe watches for an ``as`` there,
+    not for any change of the directory, so a process in another directory, or one that wrote a
+    log where it runs, still takes the record (found by review: every call probed again)."""
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    env = {"STUBCACHE_DIR": str(tmp_path / "root"), "XDG_STATE_HOME": str(tmp_path / "state"),
+           "PATH": ":" + os.environ["PATH"],
+           "CXX": os.path.realpath(shutil.which(os.environ.get("CXX") or "c++") or "c++")}
+    code = CALL.replace('print(json.dumps({"value"', 'print(json.dumps({"core": "stubcache.cache.core" in sys.modules, "value"')
+    cfg = {"name": "cwd_on_path", "src": 'extern "C" int value(void) { return 6; }'}
+
+    def run(cwd: Path) -> dict:
+        proc = subprocess.run([sys.executable, "-c", code, json.dumps(cfg)], cwd=cwd, capture_output=True, text=True,
+                              env=dict(os.environ, PYTHONPATH=str(REPO), **env), timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    assert run(first)["value"] == 6
+    (first / "engine.log").write_text("written where it runs\n")
+    served = run(second)
+    assert (served["core"], served["value"]) == (False, 6)  # the record answered
+    (second / "as").write_text("#!/bin/sh\nexit 1\n")  # an as the driver would now run from here
+    (second / "as").chmod(0o755)
+    assert run(second)["core"] is True  # checked the full way again
+
+
+def test_a_header_reached_through_a_link_in_a_system_directory_is_placed_by_its_name(tmp_path):
+    """gcc names a header found in a system directory by its resolved path when that is shorter
+    (``inc/o/h.h`` for ``<longsubname/h.h>`` with ``longsubname -> o``), which says nothing of the
+    name searched for; the build asks it for the name it opened, so ``longsubname/h.h`` appearing
+    in an earlier directory is noticed (found by review)."""
+    early, sysdir = tmp_path / "e", tmp_path / "d"
+    early.mkdir()
+    (sysdir / "x").mkdir(parents=True)
+    (sysdir / "inc" / "o").mkdir(parents=True)
+    (sysdir / "inc" / "longsubname").symlink_to("o")
+    (sysdir / "inc" / "o" / "h.h").write_text("#define V 2\n")
+    env = {"STUBCACHE_DIR": str(tmp_path / "root"), "XDG_STATE_HOME": str(tmp_path / "state")}
+    cfg = {"name": "linked_name", "src": '#include <longsubname/h.h>\nextern "C" int value(void) { return V; }',
+           "cflags": [f"-I{early}", "-isystem", f"{sysdir}/x/../inc"]}
+    assert call(cfg, env)[0] == 2
+    assert call(cfg, env, require_hit=True)[0] == 2
+    (early / "longsubname").mkdir()
+    (early / "longsubname" / "h.h").write_text("#define V 5\n")
+    assert call(cfg, env)[0] == 5

@@ -96,7 +96,8 @@ def direct_command(spec: StubSpec, source: str, output: str, depfile: str,
     if compiler is None:
         compiler = buildinputs.compiler_facts()
     prefix_map = buildinputs.prefix_map_flags(build_dir) if build_dir else []
-    cmd = [*buildinputs.compiler_command(), *prefix_map, "-MD", "-MF", depfile, *buildinputs.assembler_dep_flags(compiler),
+    cmd = [*buildinputs.compiler_command(), *prefix_map, "-MD", "-MF", depfile,
+           *buildinputs.dependency_name_flags(compiler), *buildinputs.assembler_dep_flags(compiler),
            f"-DTORCH_EXTENSION_NAME={spec.name}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
     cmd += [f"-I{p}" for p in spec.extra_include_paths]
     system = []

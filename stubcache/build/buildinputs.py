@@ -59,6 +59,16 @@ def assembler_dep_flags(compiler: dict[str, Any]) -> list[str]:
     return []
 
 
+def dependency_name_flags(compiler: dict[str, Any]) -> list[str]:
+    """gcc names a header found in a system directory (``-isystem``, ``CPATH``…) by its resolved
+    path in the dependency list when that is shorter (``dir/inc/h.h`` for ``dir/x/../inc``, the
+    link's target for a linked name), which no longer says where in the search it was found;
+    ``-fno-canonical-system-headers`` keeps the name it opened. clang names them as found and
+    rejects the flag."""
+    cc1 = (compiler.get("cc1") or {}).get("path") or ""
+    return ["-fno-canonical-system-headers"] if os.path.basename(cc1) == "cc1plus" else []
+
+
 def compiler_facts() -> dict[str, Any]:
     """The fingerprint's record of the real compiler behind ``CXX``, probed now (no memo: a
     cache hands its builds its own, memoised, :meth:`~stubcache.key.fingerprint.Fingerprint.compiler_facts`)."""

@@ -52,6 +52,13 @@ LONG_ALIASES = {"--prefix": "-B", "--library-directory": "-L", "--include-direct
                 "--include": "-include", "--for-linker": "-Xlinker", "--force-link": "-u"}
 LONG_ALONE = {"--no-standard-includes": "-nostdinc", "--include-barrier": "-I-"}
 _JOINED_SHORT = ("-B", "-L", "-I")  # "-BDIR"; the others take their value as the next word
+# Flags whose value is the next word, whatever it looks like (`-Xassembler --prefix=x` hands the
+# assembler that word): short_spellings leaves it as it is.
+SEPARATE_VALUE = frozenset({"-Xlinker", "-Xassembler", "-Xpreprocessor", "-Xcompiler", "-o", "-MF", "-MT", "-MQ",
+                            "-x", "--param", "-aux-info", "-dumpbase", "-dumpbase-ext", "-dumpdir", "-u", "-e",
+                            "-T", "-z", "-I", "-L", "-l", "-B", "-D", "-U", "-A", "-include", "-imacros",
+                            "-isystem", "-iquote", "-idirafter", "-iprefix", "-iwithprefix", "-iwithprefixbefore",
+                            "-isysroot", "-imultilib", "-specs", "--specs", "--sysroot", "-Xclang"})
 
 
 class FlagScan:
@@ -92,6 +99,10 @@ def short_spellings(flags: Iterable[str]) -> list[str]:
     while i < n:
         f = flags[i]
         i += 1
+        if f in SEPARATE_VALUE and i < n:
+            out += [f, flags[i]]  # its value, not a flag
+            i += 1
+            continue
         if not f.startswith("--"):
             out.append(f)
             continue

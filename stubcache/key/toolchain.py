@@ -413,21 +413,29 @@ def programs_dirs(text: str) -> list[str]:
     return []
 
 
+# Programs a driver looks up in its program directories (-B, COMPILER_PATH, its own) before PATH.
+WATCHED_PROGRAMS = ("as", "ld", "collect2", "cc1plus", "cc1", "lto-wrapper")
+
+
 def search_validators(programs: list[str], answers: list[str]) -> list[list[Any]]:
-    """Validators for where the driver looked for its programs: each of its ``programs``
-    directories (a program installed there later is run instead; a directory's signature moves
-    when a name appears in it), and for a program it answered by bare name (found in none of
-    them: it runs the one ``PATH`` finds) the ``PATH`` directories up to that one."""
-    dirs = list(programs)
+    """Validators for where the driver looked for its programs: each of :data:`WATCHED_PROGRAMS`
+    in each of its ``programs`` directories (one installed there later is run instead), and for a
+    program it answered by bare name (found in none of them: it runs the one ``PATH`` finds) that
+    name in each ``PATH`` directory up to the one that has it (a relative entry is checked
+    relative to the process that checks, as the driver's search would be). Names, not the
+    directories' own signatures: a log written into a working directory on ``PATH`` is no
+    reason to probe again."""
+    bare = [a for a in answers if a and os.sep not in a and not a.startswith("<failed")]
+    names = list(dict.fromkeys([*WATCHED_PROGRAMS, *bare]))
+    paths = [os.path.join(d, n) for d in programs for n in names]
     path_dirs = [d or "." for d in os.environ.get("PATH", os.defpath).split(os.pathsep)]
-    for name in answers:
-        if name and os.sep not in name and not name.startswith("<failed"):
-            found = which(name)
-            for d in path_dirs:
-                dirs.append(d)
-                if found is not None and os.path.dirname(found) == d:
-                    break
-    return [[d, path_sig(d)] for d in dict.fromkeys(dirs)]
+    for name in bare:
+        found = which(name)
+        for d in path_dirs:
+            paths.append(os.path.join(d, name))
+            if found is not None and os.path.dirname(found) == d:
+                break
+    return [[p, path_sig(p)] for p in dict.fromkeys(paths)]
 
 
 def _tool(path: str) -> dict[str, Any] | None:
@@ -813,8 +821,18 @@ def memo_checks(fp: dict[str, Any], env: dict[str, Any], tdir: str | None,
     # Once each: PATH may name a directory twice, and a found compiler is often its real file.
     rows = {p: path_sig(p) for p in dict.fromkeys(paths)}
     for row in held:
-        if isinstance(row, list) and len(row) == 2 and type(row[0]) is str:
-            rows[row[0]] = row[1]  # as probed: a change since then must not be blessed here
+        if not (isinstance(row, list) and len(row) == 2 and type(row[0]) is str):
+            continue
+        path, sig = row
+        if sig is None and not os.path.lexists(path):
+            # A program that must stay absent (toolchain.search_validators): watched as a shadow
+            # row of its directory, one stat while the directory is unchanged.
+            where, name = os.path.split(path)
+            slot = shadows.setdefault(where or ".", [recordable(dir_sig(where or ".")), []])
+            if name not in slot[1]:
+                slot[1].append(name)
+        else:
+            rows[path] = sig  # as probed: a change since then must not be blessed here
     return {"validators": [[p, sig] for p, sig in rows.items()], "shadows": shadows}
 
 
