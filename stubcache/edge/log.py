@@ -65,6 +65,4 @@ def debug(msg: str, *args: object) -> None:
     logging = sys.modules.get("logging")
     if logging is None and _stderr_level is None:
         return
-    log = logger()
-    if log.isEnabledFor(10):  # logging.DEBUG
-        log.debug(msg, *args)
+    logger().debug(msg, *args)

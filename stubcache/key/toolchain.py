@@ -820,19 +820,20 @@ def memo_checks(fp: dict[str, Any], env: dict[str, Any], tdir: str | None,
             paths.append(tool["path"])  # the compiler behind a wrapper, its assembler and linker
     # Once each: PATH may name a directory twice, and a found compiler is often its real file.
     rows = {p: path_sig(p) for p in dict.fromkeys(paths)}
+    absent = []
     for row in held:
         if not (isinstance(row, list) and len(row) == 2 and type(row[0]) is str):
             continue
         path, sig = row
         if sig is None and not os.path.lexists(path):
-            # A program that must stay absent (toolchain.search_validators): watched as a shadow
-            # row of its directory, one stat while the directory is unchanged.
-            where, name = os.path.split(path)
-            slot = shadows.setdefault(where or ".", [recordable(dir_sig(where or ".")), []])
-            if name not in slot[1]:
-                slot[1].append(name)
+            absent.append(path)  # a program that must stay absent (search_validators)
         else:
             rows[path] = sig  # as probed: a change since then must not be blessed here
+    if absent:
+        from .tracking import file_candidates
+
+        # Watched as shadow rows, as a header's candidates are: one stat while unchanged.
+        file_candidates(absent, (), shadows)
     return {"validators": [[p, sig] for p, sig in rows.items()], "shadows": shadows}
 
 
