@@ -308,6 +308,12 @@ def test_a_planted_reset_file_is_no_reset(cache_root, cxx):
 ARENA = """
 import os, sys, stubcache
 pid = os.getpid() if os.environ.get("WITH_PID") else 0
+if os.environ.get("ORDER_LOG"):  # the build's phase lines and the hint, in the order logged
+    import logging
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logging.getLogger("stubcache").addHandler(handler)
+    logging.getLogger("stubcache").setLevel(logging.DEBUG)
 c = stubcache.StubCache()
 for n in range(2):
     name = f"arena_stub_{pid}_{n}"
@@ -319,10 +325,14 @@ for n in range(2):
 def test_a_name_that_embeds_the_pid_gets_one_hint_per_process(cache_root, cxx):
     first = run_py(ARENA, env={"WITH_PID": "1"})
     assert "embed the pid" not in first.stderr
-    second = run_py(ARENA, env={"WITH_PID": "1"})
-    hints = [ln for ln in second.stderr.splitlines() if "Names that embed the pid" in ln]
+    second = run_py(ARENA, env={"WITH_PID": "1", "ORDER_LOG": "1"})
+    lines = second.stderr.splitlines()
+    hints = [ln for ln in lines if "Names that embed the pid" in ln]
     assert len(hints) == 1, second.stderr
     assert "only by this process's id" in hints[0] and "name" in hints[0]
+    # The hint reads other entries' manifests while the compiler runs, not before it starts.
+    compiling = next(i for i, ln in enumerate(lines) if ": compiling (" in ln)
+    assert compiling < lines.index(hints[0]), second.stderr
     assert cxx.compiles() == 4
     assert cli_json(cache_root, "stats")["never_hit"] == 4
     # Without the pid: two builds, then hits, and never a hint.

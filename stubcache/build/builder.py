@@ -28,7 +28,7 @@ from ..key import FIELDS, PASS, StubSpec
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
-    from typing import Any, Iterable
+    from typing import Any, Callable, Iterable
 
 
 AS_NEEDED = "-Wl,--as-needed"
@@ -53,9 +53,12 @@ class BuildResult:
         self.unstable = unstable or []  # tracked files written while the build ran
 
 
-def build(spec: StubSpec, build_dir: str, compiler: dict[str, Any] | None = None) -> BuildResult:
+def build(spec: StubSpec, build_dir: str, compiler: dict[str, Any] | None = None,
+          meanwhile: Callable[[], None] | None = None) -> BuildResult:
     """Build ``spec`` inside ``build_dir`` (which must be private to this build). ``compiler``:
-    the fingerprint's record of the real compiler (a cache passes its own; probed if omitted)."""
+    the fingerprint's record of the real compiler (a cache passes its own; probed if omitted).
+    ``meanwhile``: the caller's work that need not delay the compiler (it must not raise), run
+    while the compiler runs on the direct path, before the build on the others."""
     if compiler is None:
         compiler = buildinputs.compiler_facts()
     t0 = time.perf_counter()
@@ -63,11 +66,14 @@ def build(spec: StubSpec, build_dir: str, compiler: dict[str, Any] | None = None
     probe = memo = None
     log.debug("stubcache: %s: compiling (%s build)", spec.name, spec.build_method)
     if spec.build_method == "direct":
-        library, out, deps, probe, memo = _build_direct(spec, build_dir, compiler)
-    elif spec.separate_units and len(spec.cpp_sources) + len(spec.cuda_sources) > 1:
-        library, out, deps = _build_units(spec, build_dir, compiler)
+        library, out, deps, probe, memo = _build_direct(spec, build_dir, compiler, meanwhile)
     else:
-        library, out, deps = _build_load_inline(spec, build_dir, compiler)
+        if meanwhile is not None:
+            meanwhile()
+        if spec.separate_units and len(spec.cpp_sources) + len(spec.cuda_sources) > 1:
+            library, out, deps = _build_units(spec, build_dir, compiler)
+        else:
+            library, out, deps = _build_load_inline(spec, build_dir, compiler)
     t1 = time.perf_counter()
     log.debug("stubcache: %s: compiled in %.1f ms", spec.name, (t1 - t0) * 1e3)
     # The load check's loader runs in its child while the inputs are tracked here.
@@ -115,7 +121,7 @@ def direct_command(spec: StubSpec, source: str, output: str, depfile: str,
     return cmd + buildinputs.extra_link_flags(compiler)
 
 
-def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any]
+def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any], meanwhile: Callable[[], None] | None = None
                   ) -> tuple[str, str, list[str], subprocess.Popen[bytes] | None, dict[str, Any] | None]:
     """The one compiler call; also the include search probe and this user's hash memo, started
     and read while the compiler runs (:func:`stubcache.build.buildinputs.tracked_inputs` takes both)."""
@@ -142,6 +148,8 @@ def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any]
         # Off the compile's path: the compiler is already at work (this process only waits for it).
         probe = buildinputs.start_search_probe(spec, build_dir)
         memo = tracking.hash_memo()
+        if meanwhile is not None:
+            meanwhile()
         stdout, _ = proc.communicate()
         out = (stdout or b"").decode("utf-8", "replace")
         text = _command_line(cmd) + out

@@ -27,7 +27,7 @@ from ..storage.trust import TrustPolicy, check_dir, loader_policy, private_polic
 
 TYPE_CHECKING = False  # typing is not imported on the hit path
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, Callable
 
     from ..build.builder import BuildResult
     from ..remote.config import RemoteConfig
@@ -495,9 +495,6 @@ class CacheCore:
             if found is not None:
                 return found
             self._event(Event.MISS, base, name=spec.name)
-            from . import pidhint  # a miss only: a hit never imports it
-
-            pidhint.check_miss(self.store, spec.name, spec.canonical())
             return self._build(spec, base, timeout, t_wait, require_hit)
         finally:
             lock.release()
@@ -579,20 +576,29 @@ class CacheCore:
         then publish (and upload, for a fleet-wide claim). A root that cannot take the build
         degrades to a private one."""
         claim = None
+        store = self.store
+
+        def hint() -> None:  # on a miss only (a hit never imports pidhint); while the compiler runs
+            from . import pidhint
+
+            pidhint.check_miss(store, spec.name, spec.canonical())
+
         try:
             self.store.clear_failure(base)
             self.store.write_lease(base, spec.name)  # waiters on this host see who is at work
             if self._remote_config is not None and not spec.tracks_headers:
                 got = self._fetch_or_claim(spec, base, max(timeout - (time.time() - t_wait), 0.0), require_hit)
                 if isinstance(got, Entry):
+                    hint()
                     return got
                 claim = got  # this host builds for the fleet (or None: build, no upload)
             if require_hit:
+                hint()
                 raise _require_hit_error(spec, base, self.root)
             from ..edge import progress
 
             with progress.status(lambda: f"building {spec.name} ({spec.build_method} build)"):
-                entry = self._build_and_publish(spec, base)
+                entry = self._build_and_publish(spec, base, meanwhile=hint)
             if claim is not None:
                 claim.upload(entry.manifest, entry.path)  # after the local publish
             return entry
@@ -832,12 +838,14 @@ class CacheCore:
             created=time.time(), stubcache_version=__version__,
         )
 
-    def _build_and_publish(self, spec: StubSpec, base: str, retry: bool = True) -> Entry:
+    def _build_and_publish(self, spec: StubSpec, base: str, retry: bool = True,
+                           meanwhile: Callable[[], None] | None = None) -> Entry:
         """Build in a fresh staging directory, then publish. A build during which an input changed
-        is published under no key: built once more, then privately."""
+        is published under no key: built once more, then privately. ``meanwhile``: see
+        :func:`stubcache.build.builder.build`."""
         staging = self.store.new_staging(base)
         try:
-            result = self._compile(spec, base, staging)
+            result = self._compile(spec, base, staging, meanwhile)
             if result.unstable:
                 # An input changed while the compiler ran: the library may hold either version,
                 # so it is published under no key. Once more, then privately.
@@ -864,7 +872,8 @@ class CacheCore:
         finally:
             self.store.rmtree(staging)
 
-    def _compile(self, spec: StubSpec, base: str, staging: str) -> BuildResult:
+    def _compile(self, spec: StubSpec, base: str, staging: str, meanwhile: Callable[[], None] | None = None
+                 ) -> BuildResult:
         """Run the builder in ``<staging>/build``. A failed build is recorded for the processes
         waiting on the key and raised (:class:`BuildError`; ``OSError`` ENOSPC for a full disk)."""
         from ..build.builder import build
@@ -872,7 +881,7 @@ class CacheCore:
         build_dir = os.path.join(staging, "build")
         fsroot.mkdir_mode(build_dir, self.store.mode(0o700, 0o2770))  # shared: the owner can clean it
         try:
-            result = build(spec, build_dir, self.fingerprint.compiler_facts())
+            result = build(spec, build_dir, self.fingerprint.compiler_facts(), meanwhile)
         except BuildError as exc:
             exc.key = base
             if "No space left on device" in (exc.output or ""):

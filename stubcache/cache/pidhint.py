@@ -28,7 +28,7 @@ def _runs(pid: int) -> re.Pattern[str]:
 
 def embeds_pid(text: str, pid: int) -> bool:
     """Whether ``pid`` appears in ``text`` as a whole digit run (``12`` is not in ``123``)."""
-    return _runs(pid).search(text) is not None
+    return str(pid) in text and _runs(pid).search(text) is not None  # (a pattern costs ~0.3 ms to compile)
 
 
 def differs_only_by_pid(candidate: str, wanted: str, pid: int) -> bool:
