@@ -309,6 +309,41 @@ def _dt_needed(path: str) -> list[str]:
     return [ln.split("[", 1)[1].rstrip("]") for ln in out.splitlines() if "(NEEDED)" in ln]
 
 
+def test_pythons_header_directory_is_known_without_sysconfig_on_this_python():
+    """The direct build starts its compiler with the header directory posix_prefix's template
+    gives (sysconfig's first lookup is ~1.5 ms of an engine's cold start); on the Pythons CI runs,
+    the template is sysconfig's answer, so no build there starts twice."""
+    out = run_py("""
+        import sysconfig, sys
+        from stubcache.build import buildinputs
+        early = buildinputs.python_include_early()
+        print(early == sysconfig.get_path("include", scheme="posix_prefix"), early)
+    """).stdout.split()
+    assert out[0] == "True", out
+
+
+PY_HEADER_SRC = '#include <Python.h>\nextern "C" int major(void) { return PY_MAJOR_VERSION; }\n'
+
+
+def test_a_wrong_guess_of_pythons_headers_builds_again_with_sysconfigs(cache_root, cxx):
+    # A Python laid out unlike posix_prefix's template: the compile started with the guess is
+    # followed by one with sysconfig's directory, and only that one's library is published.
+    out = run_py(f"""
+        import stubcache
+        from stubcache.build import buildinputs
+        buildinputs.python_include_early = lambda: "/nonexistent/include/python3"
+        lib = stubcache.StubCache().load(stubcache.StubSpec("pyheader", {PY_HEADER_SRC!r}))
+        print(lib.major())
+    """).stdout.split()
+    assert out == ["3"]
+    assert cxx.compiles() == 2
+    assert run_py(f"""
+        import stubcache
+        print(stubcache.StubCache().load(stubcache.StubSpec("pyheader", {PY_HEADER_SRC!r})).major())
+    """).stdout.split() == ["3"]
+    assert cxx.compiles() == 2
+
+
 def test_manifest_records_the_build(cache_root):
     entry = StubCache().get_or_build(StubSpec("manif", value_src(3)))
     m = entry.manifest

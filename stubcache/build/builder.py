@@ -95,10 +95,12 @@ def build(spec: StubSpec, build_dir: str, compiler: dict[str, Any] | None = None
 
 
 def direct_command(spec: StubSpec, source: str, output: str, depfile: str,
-                   build_dir: str | None = None, compiler: dict[str, Any] | None = None) -> list[str]:
+                   build_dir: str | None = None, compiler: dict[str, Any] | None = None,
+                   python_include: str | None = None) -> list[str]:
     """The single compiler invocation equivalent to torch's compile + link steps (pure, given
     ``compiler``, the fingerprint's record of the real compiler; probed if omitted).
-    With ``build_dir``, that directory is mapped to ``.`` in everything the library records."""
+    With ``build_dir``, that directory is mapped to ``.`` in everything the library records.
+    ``python_include``: Python's header directory (default: :func:`buildinputs.python_include`)."""
     if compiler is None:
         compiler = buildinputs.compiler_facts()
     prefix_map = buildinputs.prefix_map_flags(build_dir) if build_dir else []
@@ -110,7 +112,7 @@ def direct_command(spec: StubSpec, source: str, output: str, depfile: str,
     tdir = torch_dir()
     if tdir:
         system += [os.path.join(tdir, "include"), os.path.join(tdir, "include", "torch", "csrc", "api", "include")]
-    system.append(buildinputs.python_include())
+    system.append(python_include or buildinputs.python_include())
     for d in system:
         # gcc fails on an include dir it cannot search; a stub that mentions no torch/Python
         # header does not need these, so leave out what this user cannot read.
@@ -131,22 +133,19 @@ def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any], mean
     output = os.path.join(build_dir, f"{spec.name}.so")
     # Relative names (the compiler runs in build_dir) and the prefix map keep the random staging
     # path out of the library, so two builds of one key give identical bytes.
-    cmd = direct_command(spec, "main.cpp", f"{spec.name}.so", buildinputs.DEPFILE, build_dir, compiler)
-    env = dict(os.environ, TMPDIR=build_dir)  # the compiler's temporary object: not under /tmp
-    verbose = progress.verbose()
-    if verbose:  # as torch's verbose build: the command and the compiler's output, live, on fd 1
-        progress.echo(_command_line(cmd))
-    try:
-        # An argument list, never a shell: no flag is ever interpreted by one.
-        proc = subprocess.Popen(cmd, cwd=build_dir, stdout=1 if verbose else subprocess.PIPE,
-                                stderr=subprocess.STDOUT, env=env)
-    except OSError as exc:
-        raise BuildError(f"Error building extension '{spec.name}': cannot run the compiler {cmd[0]!r}: "
-                         f"{exc}; set CXX or install a C++ compiler", name=spec.name) from None
+    early = buildinputs.python_include_early()
+    cmd = direct_command(spec, "main.cpp", f"{spec.name}.so", buildinputs.DEPFILE, build_dir, compiler, early)
+    proc = _spawn_compiler(spec, cmd, build_dir)
     probe = None
     try:
         # Off the compile's path: the compiler is already at work (this process only waits for it).
-        probe = buildinputs.start_search_probe(spec, build_dir)
+        probe = buildinputs.start_search_probe(spec, build_dir)  # (looks up python_include())
+        if buildinputs.python_include() != early:
+            # The template guessed wrong: build again with sysconfig's answer once this compile
+            # has ended (a killed driver would leave its cc1plus, as or ld writing here).
+            proc.communicate()
+            cmd = direct_command(spec, "main.cpp", f"{spec.name}.so", buildinputs.DEPFILE, build_dir, compiler)
+            proc = _spawn_compiler(spec, cmd, build_dir)
         memo = tracking.hash_memo()
         if meanwhile is not None:
             meanwhile()
@@ -163,6 +162,20 @@ def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any], mean
         loadcheck.stop(probe)  # reaps it and closes its pipe (a leaked pipe per failed build)
         raise
     return output, text, deps, probe, memo
+
+
+def _spawn_compiler(spec: StubSpec, cmd: list[str], build_dir: str) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, TMPDIR=build_dir)  # the compiler's temporary object: not under /tmp
+    verbose = progress.verbose()
+    if verbose:  # as torch's verbose build: the command and the compiler's output, live, on fd 1
+        progress.echo(_command_line(cmd))
+    try:
+        # An argument list, never a shell: no flag is ever interpreted by one.
+        return subprocess.Popen(cmd, cwd=build_dir, stdout=1 if verbose else subprocess.PIPE,
+                                stderr=subprocess.STDOUT, env=env)
+    except OSError as exc:
+        raise BuildError(f"Error building extension '{spec.name}': cannot run the compiler {cmd[0]!r}: "
+                         f"{exc}; set CXX or install a C++ compiler", name=spec.name) from None
 
 
 def _command_line(cmd: list[str]) -> str:
