@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -342,6 +343,62 @@ def test_a_wrong_guess_of_pythons_headers_builds_again_with_sysconfigs(cache_roo
         print(stubcache.StubCache().load(stubcache.StubSpec("pyheader", {PY_HEADER_SRC!r})).major())
     """).stdout.split() == ["3"]
     assert cxx.compiles() == 2
+
+
+SPECULATE = """
+import logging, os, sys, stubcache
+handler = logging.StreamHandler()
+handler.setFormatter(logging.Formatter("%(message)s"))
+logging.getLogger("stubcache").addHandler(handler)
+logging.getLogger("stubcache").setLevel(logging.DEBUG)
+lib = stubcache.StubCache().load(stubcache.StubSpec("early", 'extern "C" int early(void) { return 41; }'))
+print(lib.early() + 1)
+"""
+
+
+def _staging(root: Path) -> list[str]:
+    d = root / "v1" / "staging"
+    return sorted(os.listdir(d)) if d.is_dir() else []
+
+
+def test_a_fresh_hosts_build_starts_compiling_while_the_toolchain_is_probed(cache_root, cxx):
+    # A fresh host (no probe memo of this user's: conftest): the compile starts once the probe
+    # knows the command, and the miss's build takes it over: one compile, published as usual.
+    proc = run_py(SPECULATE)
+    assert proc.stdout.split() == ["42"]
+    assert "compiling (direct build, started while the toolchain was probed)" in proc.stderr, proc.stderr
+    assert cxx.compiles() == 1
+    assert _staging(cache_root) == []
+    # The probe's answers are kept: the next process in a new stub compiles after the lookup.
+    again = run_py(SPECULATE.replace("41", "40"))
+    assert again.stdout.split() == ["41"] and "compiling (direct build)" in again.stderr, again.stderr
+    assert cxx.compiles() == 2
+
+
+def test_a_compile_started_during_the_probe_is_killed_whole_when_the_lookup_hits(cache_root, cxx, tmp_path):
+    run_py(SPECULATE)
+    assert cxx.compiles() == 1
+    # The probe runs again (its memos gone), while the entry is there: the compile it started
+    # (a CXX that sleeps first) is killed with every process it started, and its directory removed.
+    shutil.rmtree(tmp_path / "state")
+    shutil.rmtree(cache_root / "v1" / "state")
+    mark = tmp_path / "started"
+    # (A compile killed without the programs it started would hold its pipe open until the
+    # sleep ends: the process would not return within the timeout.)
+    proc = run_py(SPECULATE, env={"STUBCACHE_TEST_CXX_MARK": str(mark), "STUBCACHE_TEST_CXX_SLEEP": "37.25"},
+                  timeout=30)
+    assert proc.stdout.split() == ["42"]
+    assert mark.exists(), "no compile was started during the probe"
+    assert ": compiling (" not in proc.stderr and "not in the cache" not in proc.stderr, proc.stderr
+    assert _staging(cache_root) == []
+    sleepers = []
+    for pid in os.listdir("/proc"):
+        try:
+            if pid.isdigit() and Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:2] == [b"sleep", b"37.25"]:
+                sleepers.append(pid)
+        except OSError:
+            pass
+    assert sleepers == []
 
 
 def test_manifest_records_the_build(cache_root):

@@ -54,20 +54,26 @@ class BuildResult:
 
 
 def build(spec: StubSpec, build_dir: str, compiler: dict[str, Any] | None = None,
-          meanwhile: Callable[[], None] | None = None) -> BuildResult:
+          meanwhile: Callable[[], None] | None = None, started: Started | None = None) -> BuildResult:
     """Build ``spec`` inside ``build_dir`` (which must be private to this build). ``compiler``:
     the fingerprint's record of the real compiler (a cache passes its own; probed if omitted).
     ``meanwhile``: the caller's work that need not delay the compiler (it must not raise), run
-    while the compiler runs on the direct path, before the build on the others."""
+    while the compiler runs on the direct path, before the build on the others. ``started``: a
+    compile :func:`start_direct` began in ``build_dir`` before the key was known; it is this
+    build if its command is the one this build runs, else stopped. Either way this build owns it."""
     if compiler is None:
         compiler = buildinputs.compiler_facts()
     t0 = time.perf_counter()
-    started_ns = time.time_ns()
+    # An input that changed after this is taken for one that changed during the build: an
+    # earlier compile's start counts from when it began.
+    started_ns = time.time_ns() if started is None else started.started_ns
     probe = memo = None
-    log.debug("stubcache: %s: compiling (%s build)", spec.name, spec.build_method)
     if spec.build_method == "direct":
-        library, out, deps, probe, memo = _build_direct(spec, build_dir, compiler, meanwhile)
+        library, out, deps, probe, memo = _build_direct(spec, build_dir, compiler, meanwhile, started)
     else:
+        if started is not None:
+            started.stop()
+        log.debug("stubcache: %s: compiling (%s build)", spec.name, spec.build_method)
         if meanwhile is not None:
             meanwhile()
         if spec.separate_units and len(spec.cpp_sources) + len(spec.cuda_sources) > 1:
@@ -123,19 +129,72 @@ def direct_command(spec: StubSpec, source: str, output: str, depfile: str,
     return cmd + buildinputs.extra_link_flags(compiler)
 
 
-def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any], meanwhile: Callable[[], None] | None = None
-                  ) -> tuple[str, str, list[str], subprocess.Popen[bytes] | None, dict[str, Any] | None]:
-    """The one compiler call; also the include search probe and this user's hash memo, started
-    and read while the compiler runs (:func:`stubcache.build.buildinputs.tracked_inputs` takes both)."""
+class Started:
+    """A direct compile begun by :func:`start_direct` before its build was decided on: ``cmd``
+    run in ``build_dir`` (in its own session: :meth:`stop` ends the driver and every program it
+    started) since ``started_ns``; ``staging``: the caller's directory around ``build_dir``."""
+
+    __slots__ = ("proc", "cmd", "build_dir", "started_ns", "staging")
+
+    def __init__(self, proc: subprocess.Popen[bytes], cmd: list[str], build_dir: str, started_ns: int,
+                 staging: str | None = None) -> None:
+        self.proc = proc
+        self.cmd = cmd
+        self.build_dir = build_dir
+        self.started_ns = started_ns
+        self.staging = staging
+
+    def stop(self) -> None:
+        """Kill the compile (the driver's whole session, so no cc1plus, as or ld it started keeps
+        writing in ``build_dir``) and reap it."""
+        if self.proc.returncode is None:
+            import signal
+
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            self.proc.communicate()
+
+
+def start_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any]) -> Started:
+    """Begin ``spec``'s direct compile in ``build_dir`` with ``compiler``'s command facts (a
+    probe's early answers: see :meth:`stubcache.key.fingerprint.Fingerprint.base_with_early_facts`)
+    before the key is known; :func:`build` later takes it over or stops it."""
+    started_ns = time.time_ns()
+    cmd = _direct_setup(spec, build_dir, compiler, buildinputs.python_include_early())
+    return Started(_spawn_compiler(spec, cmd, build_dir, own_session=True), cmd, build_dir, started_ns)
+
+
+def _direct_setup(spec: StubSpec, build_dir: str, compiler: dict[str, Any], python_include: str) -> list[str]:
+    # main.cpp written in build_dir, and the command that compiles and links it there.
     source = os.path.join(build_dir, "main.cpp")
     with open(source, "w", encoding="utf-8", errors="surrogateescape") as fh:
         fh.write("\n".join(spec.cpp_sources))  # surrogates: the undecodable bytes of a load()ed file
-    output = os.path.join(build_dir, f"{spec.name}.so")
     # Relative names (the compiler runs in build_dir) and the prefix map keep the random staging
     # path out of the library, so two builds of one key give identical bytes.
+    return direct_command(spec, "main.cpp", f"{spec.name}.so", buildinputs.DEPFILE, build_dir, compiler, python_include)
+
+
+def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any], meanwhile: Callable[[], None] | None = None,
+                  started: Started | None = None
+                  ) -> tuple[str, str, list[str], subprocess.Popen[bytes] | None, dict[str, Any] | None]:
+    """The one compiler call (or ``started``'s, see :func:`build`); also the include search probe
+    and this user's hash memo, started and read while the compiler runs
+    (:func:`stubcache.build.buildinputs.tracked_inputs` takes both)."""
+    output = os.path.join(build_dir, f"{spec.name}.so")
     early = buildinputs.python_include_early()
-    cmd = direct_command(spec, "main.cpp", f"{spec.name}.so", buildinputs.DEPFILE, build_dir, compiler, early)
-    proc = _spawn_compiler(spec, cmd, build_dir)
+    if started is not None and started.build_dir == build_dir and started.cmd == direct_command(
+            spec, "main.cpp", f"{spec.name}.so", buildinputs.DEPFILE, build_dir, compiler, early):
+        cmd, proc, stop = started.cmd, started.proc, started.stop
+        log.debug("stubcache: %s: compiling (direct build, started while the toolchain was probed)", spec.name)
+    else:
+        if started is not None:
+            started.stop()
+        log.debug("stubcache: %s: compiling (direct build)", spec.name)
+        cmd = _direct_setup(spec, build_dir, compiler, early)
+        proc = _spawn_compiler(spec, cmd, build_dir)
+        stop = None
     probe = None
     try:
         # Off the compile's path: the compiler is already at work (this process only waits for it).
@@ -145,7 +204,7 @@ def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any], mean
             # has ended (a killed driver would leave its cc1plus, as or ld writing here).
             proc.communicate()
             cmd = direct_command(spec, "main.cpp", f"{spec.name}.so", buildinputs.DEPFILE, build_dir, compiler)
-            proc = _spawn_compiler(spec, cmd, build_dir)
+            proc, stop = _spawn_compiler(spec, cmd, build_dir), None
         memo = tracking.hash_memo()
         if meanwhile is not None:
             meanwhile()
@@ -158,13 +217,16 @@ def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any], mean
         if "-Wl,--trace" in cmd:
             deps += buildinputs.trace_deps(out)
     except BaseException:
+        if stop is not None:
+            stop()
         loadcheck.stop(proc)
         loadcheck.stop(probe)  # reaps it and closes its pipe (a leaked pipe per failed build)
         raise
     return output, text, deps, probe, memo
 
 
-def _spawn_compiler(spec: StubSpec, cmd: list[str], build_dir: str) -> subprocess.Popen[bytes]:
+def _spawn_compiler(spec: StubSpec, cmd: list[str], build_dir: str, own_session: bool = False
+                    ) -> subprocess.Popen[bytes]:
     env = dict(os.environ, TMPDIR=build_dir)  # the compiler's temporary object: not under /tmp
     verbose = progress.verbose()
     if verbose:  # as torch's verbose build: the command and the compiler's output, live, on fd 1
@@ -172,7 +234,7 @@ def _spawn_compiler(spec: StubSpec, cmd: list[str], build_dir: str) -> subproces
     try:
         # An argument list, never a shell: no flag is ever interpreted by one.
         return subprocess.Popen(cmd, cwd=build_dir, stdout=1 if verbose else subprocess.PIPE,
-                                stderr=subprocess.STDOUT, env=env)
+                                stderr=subprocess.STDOUT, env=env, start_new_session=own_session)
     except OSError as exc:
         raise BuildError(f"Error building extension '{spec.name}': cannot run the compiler {cmd[0]!r}: "
                          f"{exc}; set CXX or install a C++ compiler", name=spec.name) from None

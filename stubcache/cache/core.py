@@ -29,7 +29,7 @@ TYPE_CHECKING = False  # typing is not imported on the hit path
 if TYPE_CHECKING:
     from typing import Any, Callable
 
-    from ..build.builder import BuildResult
+    from ..build.builder import BuildResult, Started
     from ..remote.config import RemoteConfig
     from ..remote.tier import Claim, Fetched, RemoteTier
     from ..storage.locking import Lock
@@ -138,6 +138,62 @@ def shadow_rows(shadows: dict[str, Any]) -> list[Any]:
     """A ``{directory: [signature, names]}`` shadow record (an entry's shadowing headers, the
     fingerprint memo's import path directories) as a hit record's ``shadows`` rows."""
     return [[d, dsig, list(names)] for d, (dsig, names) in shadows.items()]
+
+
+class Speculation:
+    """A direct compile started while the compiler was probed, before the key was known.
+
+    On a fresh host the probe (a dozen programs run, cc1plus hashed) comes before the key, the
+    lookup and the build lock. As soon as the probe knows the build command's facts
+    (:meth:`stubcache.key.fingerprint.Fingerprint.base_with_early_facts`), :meth:`start` begins
+    the compile in a staging directory of its own; a miss's build takes it over if it would run
+    that very command (:func:`stubcache.build.builder.build`), and anything else (a hit, a
+    failed lookup, a private or degraded build, an exception) :meth:`discard`\s it: the compiler's
+    whole session killed, the directory removed. Only the process that probes starts one (others
+    wait for its answer), and only in a root this user trusts privately: nothing is written
+    before the root is checked."""
+
+    __slots__ = ("core", "spec", "started", "tried")
+
+    def __init__(self, core: CacheCore, spec: StubSpec) -> None:
+        self.core = core
+        self.spec = spec
+        self.started: Started | None = None
+        self.tried = False
+
+    def start(self, facts: dict[str, Any]) -> None:
+        if self.tried:
+            return
+        self.tried = True
+        core = self.core
+        try:
+            if core._trusted_policy(core.store.root).shared:
+                return
+            staging = core.store.new_staging(os.urandom(8).hex())  # no key yet: a name no lock holds
+            try:
+                build_dir = os.path.join(staging, "build")
+                fsroot.mkdir_mode(build_dir, 0o700)
+                from ..build.builder import start_direct
+
+                self.started = start_direct(self.spec, build_dir, facts)
+                self.started.staging = staging
+            except BaseException:
+                core.store.rmtree(staging)
+                raise
+        except Exception as exc:  # noqa: BLE001 - a head start is never worth failing a probe for
+            log.debug("stubcache: %s: no compile during the probe: %r", self.spec.name, exc)
+
+    def take(self) -> Started | None:
+        """The started compile, now the caller's (see :func:`stubcache.build.builder.build`)."""
+        started, self.started = self.started, None
+        return started
+
+    def discard(self) -> None:
+        started, self.started = self.started, None
+        if started is not None:
+            started.stop()
+            if started.staging is not None:
+                self.core.store.rmtree(started.staging)
 
 
 SIZE_CAP_DELAY = 0.5  # seconds the size cap's helper thread waits: a starting herd loads first
@@ -259,15 +315,20 @@ class CacheCore:
         build failure recorded since then is raised, not built again (invariants 8 and 11)."""
         if not isinstance(spec, StubSpec):
             raise TypeError(f"get_or_build expects a StubSpec, got {type(spec).__name__}")
-        fp = self._fingerprint(spec)
-        last = self._last_key
-        base = last[2] if last[0] is spec and last[1] is fp else self._base_key(spec, fp)
-        if not spec.tracks_headers:
-            memo = self._memo.get(base)
-            if memo is not None:
-                return memo
-        with self._key_lock(base):  # threads of this process: one build per key, others proceed
-            entry = self._get_or_build(spec, base, since)
+        speculation = self._speculation(spec)
+        try:
+            fp = self._fingerprint(spec, speculation)
+            last = self._last_key
+            base = last[2] if last[0] is spec and last[1] is fp else self._base_key(spec, fp)
+            if not spec.tracks_headers:
+                memo = self._memo.get(base)
+                if memo is not None:
+                    return memo
+            with self._key_lock(base):  # threads of this process: one build per key, others proceed
+                entry = self._get_or_build(spec, base, since, speculation)
+        finally:
+            if speculation is not None:
+                speculation.discard()
         if self._cap_pending:  # after a publish, with every lock released; never after a hit
             self._cap_pending = False
             start_size_cap(self.store)
@@ -393,13 +454,13 @@ class CacheCore:
                 lock = self._key_locks.setdefault(base, threading.Lock())
         return lock
 
-    def _fingerprint(self, spec: StubSpec) -> dict[str, Any]:
+    def _fingerprint(self, spec: StubSpec, speculation: Speculation | None = None) -> dict[str, Any]:
         if not self.store.ready:
             try:
                 self.store.ensure()
             except OSError:
                 pass  # read-only or missing root: lookups still work, builds degrade
-        fp = self.fingerprint.base()
+        fp = self.fingerprint.base() if speculation is None else self.fingerprint.base_with_early_facts(speculation.start)
         if spec.cuda_sources or spec.effective_with_cuda:
             fp = dict(fp, cuda=self.fingerprint.cuda())
         if spec.host_targets:
@@ -455,7 +516,23 @@ class CacheCore:
 
     # --- get_or_build, step by step: look up, wait, look again, build, publish; or degrade ------
 
-    def _get_or_build(self, spec: StubSpec, base: str, since: float | None = None) -> Entry:
+    def _speculation(self, spec: StubSpec) -> Speculation | None:
+        """Where a probe of the compiler may run before ``spec``'s key is known (a fresh host),
+        the compile that a miss would run can start as soon as the probe knows the command
+        (:class:`Speculation`): for a plain direct build in a root that builds (no seeds, fleet or
+        ``STUBCACHE_REQUIRE_HIT``, which may not build here)."""
+        if (spec.build_method != "direct" or spec.cuda_sources or spec.effective_with_cuda or spec.host_targets
+                or spec.tool_flags or self.seeds or self._remote_config is not None or self.fingerprint.read_only):
+            return None
+        try:
+            if settings.require_hit():
+                return None
+        except StubCacheError:
+            return None  # the lookup reports it
+        return Speculation(self, spec)
+
+    def _get_or_build(self, spec: StubSpec, base: str, since: float | None = None,
+                      speculation: Speculation | None = None) -> Entry:
         """The steps of :meth:`get_or_build` once the key is known (under this process's lock for
         it): look up; on a miss wait for the key's build lock, look again, then build (or fetch
         from the fleet) and publish. A root that cannot be used (not trusted, not writable, its
@@ -495,7 +572,7 @@ class CacheCore:
             if found is not None:
                 return found
             self._event(Event.MISS, base, name=spec.name)
-            return self._build(spec, base, timeout, t_wait, require_hit)
+            return self._build(spec, base, timeout, t_wait, require_hit, speculation)
         finally:
             lock.release()
 
@@ -570,7 +647,8 @@ class CacheCore:
                 name=spec.name)
         return None
 
-    def _build(self, spec: StubSpec, base: str, timeout: float, t_wait: float, require_hit: bool) -> Entry:
+    def _build(self, spec: StubSpec, base: str, timeout: float, t_wait: float, require_hit: bool,
+               speculation: Speculation | None = None) -> Entry:
         """Build, holding the key's build lock, with a lease that tells waiters who is at work:
         from the fleet's remote store if it has the entry (:meth:`_fetch_or_claim`), else here,
         then publish (and upload, for a fleet-wide claim). A root that cannot take the build
@@ -598,7 +676,8 @@ class CacheCore:
             from ..edge import progress
 
             with progress.status(lambda: f"building {spec.name} ({spec.build_method} build)"):
-                entry = self._build_and_publish(spec, base, meanwhile=hint)
+                entry = self._build_and_publish(spec, base, meanwhile=hint,
+                                                started=speculation.take() if speculation is not None else None)
             if claim is not None:
                 claim.upload(entry.manifest, entry.path)  # after the local publish
             return entry
@@ -839,13 +918,14 @@ class CacheCore:
         )
 
     def _build_and_publish(self, spec: StubSpec, base: str, retry: bool = True,
-                           meanwhile: Callable[[], None] | None = None) -> Entry:
-        """Build in a fresh staging directory, then publish. A build during which an input changed
-        is published under no key: built once more, then privately. ``meanwhile``: see
+                           meanwhile: Callable[[], None] | None = None, started: Started | None = None) -> Entry:
+        """Build in a fresh staging directory (``started``'s, if a compile was started before the
+        key was known), then publish. A build during which an input changed is published under
+        no key: built once more, then privately. ``meanwhile``, ``started``: see
         :func:`stubcache.build.builder.build`."""
-        staging = self.store.new_staging(base)
+        staging = self.store.new_staging(base) if started is None or started.staging is None else started.staging
         try:
-            result = self._compile(spec, base, staging, meanwhile)
+            result = self._compile(spec, base, staging, meanwhile, started)
             if result.unstable:
                 # An input changed while the compiler ran: the library may hold either version,
                 # so it is published under no key. Once more, then privately.
@@ -870,18 +950,21 @@ class CacheCore:
             self._event(Event.BUILD, manifest.key, result.seconds, name=spec.name, method=result.method)
             return self._find_published(spec, base, manifest.key)
         finally:
+            if started is not None:
+                started.stop()  # (nothing once the build has taken it and reaped it)
             self.store.rmtree(staging)
 
-    def _compile(self, spec: StubSpec, base: str, staging: str, meanwhile: Callable[[], None] | None = None
-                 ) -> BuildResult:
+    def _compile(self, spec: StubSpec, base: str, staging: str, meanwhile: Callable[[], None] | None = None,
+                 started: Started | None = None) -> BuildResult:
         """Run the builder in ``<staging>/build``. A failed build is recorded for the processes
         waiting on the key and raised (:class:`BuildError`; ``OSError`` ENOSPC for a full disk)."""
         from ..build.builder import build
 
         build_dir = os.path.join(staging, "build")
-        fsroot.mkdir_mode(build_dir, self.store.mode(0o700, 0o2770))  # shared: the owner can clean it
+        if started is None:
+            fsroot.mkdir_mode(build_dir, self.store.mode(0o700, 0o2770))  # shared: the owner can clean it
         try:
-            result = build(spec, build_dir, self.fingerprint.compiler_facts(), meanwhile)
+            result = build(spec, build_dir, self.fingerprint.compiler_facts(), meanwhile, started)
         except BuildError as exc:
             exc.key = base
             if "No space left on device" in (exc.output or ""):

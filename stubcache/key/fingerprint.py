@@ -166,6 +166,7 @@ class Fingerprint:
         self._natives: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._flag_tools: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._torch_dir: str | None = None
+        self._local = threading.local()  # .early: this thread's listener for a probe's command facts
 
     def __repr__(self) -> str:
         return f"Fingerprint({self.state_dir!r}{', read_only=True' if self.read_only else ''})"
@@ -243,12 +244,23 @@ class Fingerprint:
                     held.extend(value["validators"])
                 return value
 
-            ident = toolchain.compiler_identity(command, memo)
+            ident = toolchain.compiler_identity(command, memo, getattr(self._local, "early", None))
             with self._lock:
                 self._identity_validators[command] = held
             return ident
 
         return self._once(self._compilers, command, compute)
+
+    def base_with_early_facts(self, early: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+        """:meth:`base`, handing ``early`` the facts a build command needs if the compiler is
+        probed meanwhile (:func:`stubcache.key.toolchain._probe_answers`), so that a build can
+        start before the probe's slower answers and hashes are in; ``early`` is not called when
+        the answers come from a memo."""
+        self._local.early = early
+        try:
+            return self.base()
+        finally:
+            self._local.early = None
 
     def compiler_facts(self) -> dict[str, Any]:
         """The probed record of the real compiler behind ``CXX`` (``cc1``, ``as``, ``ld``, its own

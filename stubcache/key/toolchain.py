@@ -170,8 +170,10 @@ def _host_answer(memo_key: str, compute: Callable[[], dict[str, Any]],
     return value
 
 
-def compiler_identity(command: str, memo: Callable[..., dict[str, Any]]) -> dict[str, Any]:
-    """See :meth:`Fingerprint.compiler_identity` (``memo``: its on-disk memo)."""
+def compiler_identity(command: str, memo: Callable[..., dict[str, Any]],
+                      early: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """See :meth:`Fingerprint.compiler_identity` (``memo``: its on-disk memo; ``early``: see
+    :func:`_probe_answers`)."""
     import shlex
 
     try:
@@ -210,7 +212,7 @@ def compiler_identity(command: str, memo: Callable[..., dict[str, Any]]) -> dict
             hashing = threading.Thread(target=lambda: own.append(_file_sha256(path)))
             hashing.start()
             try:
-                value = _probe_compiler([found, *words[1:]])
+                value = _probe_compiler([found, *words[1:]], early)
             finally:
                 hashing.join()
             value["sha256"] = own[0] if own else None
@@ -447,7 +449,7 @@ def _tool(path: str) -> dict[str, Any] | None:
     return {"path": real, "sha256": _file_sha256(real), "version": lines[0] if lines else ""}
 
 
-def _probe_compiler(cmd: list[str]) -> dict[str, Any]:
+def _probe_compiler(cmd: list[str], early: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run the driver (through whatever wraps it) to learn which programs it really runs."""
     import threading
 
@@ -473,7 +475,7 @@ def _probe_compiler(cmd: list[str]) -> dict[str, Any]:
             threads.append(t)
 
     try:
-        return _probe_answers(procs, hash_on_thread, sums, threads)
+        return _probe_answers(procs, hash_on_thread, sums, threads, early)
     finally:
         for p in procs:  # every probe waited for, also when reading one raised
             if not isinstance(p, str) and p.returncode is None:  # not read and reaped by _finish
@@ -483,9 +485,14 @@ def _probe_compiler(cmd: list[str]) -> dict[str, Any]:
 
 
 def _probe_answers(procs: list[Any], hash_on_thread: Callable[[str | None], None], sums: dict[str, str | None],
-                   threads: list[Any]) -> dict[str, Any]:
+                   threads: list[Any], early: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """The answers of :func:`_probe_compiler`'s driver probes ``procs`` (started), the assembler's
-    and linker's own probes and the binaries' hashes (``hash_on_thread`` fills ``sums``)."""
+    and linker's own probes and the binaries' hashes (``hash_on_thread`` fills ``sums``).
+    ``early`` is handed the facts a build command needs (the compiler proper's path, the
+    assembler's version, whether the linker writes a dependency file: the fields of the record's
+    ``real`` that :mod:`stubcache.build.buildinputs` reads) as soon as they are known, before the
+    slower answers and the hashes (cc1plus, ~35 MB, is a fresh host's longest step); it must not
+    raise."""
     import shlex
 
     from .tracking import compiler_dirs_from, parse_search_path
@@ -511,8 +518,18 @@ def _probe_answers(procs: list[Any], hash_on_thread: Callable[[str | None], None
     runs += [[ld_path, "--version"], [ld_path, "--help"]] if ld_path else []
     later = _start_all(runs)
     procs += later  # (waited for by the caller's cleanup too)
-    version, defaults, *own, search_dirs = [_finish(p) for p in (started[0], *started[4:])]
     texts = [_finish(p) for p in later]
+
+    def first_line(text: str) -> str:
+        lines = text.strip().splitlines()
+        return lines[0] if lines else ""
+
+    as_version = first_line(texts.pop(0)) if as_path else None
+    ld_version, ld_depfile = (first_line(texts[0]), "--dependency-file" in texts[1]) if ld_path else (None, False)
+    if early is not None:
+        early({"cc1": {"path": cc1} if cc1 else None, "as": {"path": as_path, "version": as_version} if as_path else None,
+               "ld_depfile": ld_depfile})
+    version, defaults, *own, search_dirs = [_finish(p) for p in (started[0], *started[4:])]
     for t in threads:
         t.join()
     real: dict[str, Any] = {}
@@ -522,17 +539,9 @@ def _probe_answers(procs: list[Any], hash_on_thread: Callable[[str | None], None
         if " version " in line and not line.startswith(" "):
             real["driver_version"] = line.strip()
             break
-
-    def first_line(text: str) -> str:
-        lines = text.strip().splitlines()
-        return lines[0] if lines else ""
-
-    real["as"] = {"path": as_path, "sha256": sums.get(as_path), "version": first_line(texts.pop(0))} if as_path else None
-    real["ld"] = None
-    real["ld_depfile"] = False
-    if ld_path:
-        real["ld"] = {"path": ld_path, "sha256": sums.get(ld_path), "version": first_line(texts[0])}
-        real["ld_depfile"] = "--dependency-file" in texts[1]
+    real["as"] = {"path": as_path, "sha256": sums.get(as_path), "version": as_version} if as_path else None
+    real["ld"] = {"path": ld_path, "sha256": sums.get(ld_path), "version": ld_version} if ld_path else None
+    real["ld_depfile"] = ld_depfile
     # The compiler's own directories: their files are pinned by its version (see inputs.py).
     real["own_dirs"] = compiler_dirs_from(own)
     # Its C++ standard library headers (libstdc++'s /usr/include/c++/<v>, libc++'s
