@@ -167,13 +167,20 @@ def test_sigkill_mid_compile_does_not_block_the_next_process(cache_root, cxx, tm
         start_new_session=True)
     try:
         wait_until(mark.exists, "the victim to start compiling", proc=victim)
+        # (On a fresh host the compile starts while the toolchain is probed, before the key's
+        # build lock is taken: the victim holds it once the probe is done.)
+        locks = str(cache_root / "v1" / "locks")
+        held: set[str] = set()
+
+        def holds() -> bool:
+            held.update(f for f in open_files(victim.pid) if f.startswith(locks) and f.endswith(".lock"))
+            return bool(held)
+
+        wait_until(holds, "the victim to hold the build lock", proc=victim)
         waiter = spawn_py("""
         import os, stubcache
         print(stubcache.StubCache().load(stubcache.StubSpec('kill', os.environ['SRC'])).value())
         """, env={"SRC": value_src(9)})
-        locks = str(cache_root / "v1" / "locks")
-        held = {f for f in open_files(victim.pid) if f.startswith(locks) and f.endswith(".lock")}
-        assert held, "the victim holds no build lock"
         wait_until(lambda: held & open_files(waiter.pid), "the waiter to wait on the victim's lock", proc=waiter)
         assert published(cache_root) == []
         os.kill(victim.pid, signal.SIGKILL)
@@ -399,6 +406,33 @@ def test_a_compile_started_during_the_probe_is_killed_whole_when_the_lookup_hits
         except OSError:
             pass
     assert sleepers == []
+
+
+def test_processes_that_waited_for_the_probe_wait_for_its_early_compile(cache_root, cxx, tmp_path):
+    # The prober is stopped just after its probe (its compile started, the probe's memo lock
+    # held); processes started meanwhile wait for that lock, then find the key's build lock
+    # taken and the entry published: one compile in all, not one beside the early one.
+    prober = spawn_py(SPECULATE, env={"STUBCACHE_FAULT": "probed:stop"})
+    others: list[subprocess.Popen] = []
+    try:
+        wait_until(lambda: Path(f"/proc/{prober.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T",
+                   "the prober to stop after its probe", proc=prober)
+        others += [spawn_py(SPECULATE) for _ in range(3)]
+        state = str(cache_root / "v1" / "state")
+        for p in others:
+            wait_until(lambda: any(f.startswith(state) and f.endswith(".json.lock") for f in open_files(p.pid)),
+                       "a process to wait for the probe's memo lock", proc=p)
+        os.kill(prober.pid, signal.SIGCONT)
+        for p in [prober, *others]:
+            out, err = p.communicate(timeout=120)
+            assert p.returncode == 0 and out.split() == ["42"], err
+    finally:
+        for p in [prober, *others]:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGCONT)
+                p.kill()
+                p.wait()
+    assert cxx.compiles() == 1
 
 
 def test_manifest_records_the_build(cache_root):

@@ -148,18 +148,46 @@ class Speculation:
     (:meth:`stubcache.key.fingerprint.Fingerprint.base_with_early_facts`), :meth:`start` begins
     the compile in a staging directory of its own; a miss's build takes it over if it would run
     that very command (:func:`stubcache.build.builder.build`), and anything else (a hit, a
-    failed lookup, a private or degraded build, an exception) :meth:`discard`\s it: the compiler's
+    failed lookup, a private or degraded build, an exception) discards it (:meth:`discard`): the compiler's
     whole session killed, the directory removed. Only the process that probes starts one (others
     wait for its answer), and only in a root this user trusts privately: nothing is written
-    before the root is checked."""
+    before the root is checked. The process keeps the probe's memo lock, and writes the probe's
+    and the fingerprint's memos (:meth:`hold`, :meth:`defer`), only once it has its key's build
+    lock or finds it held (:meth:`release_memo_lock`): the processes that waited for the probe
+    then find the key taken, and wait for this build rather than compile it beside it."""
 
-    __slots__ = ("core", "spec", "started", "tried")
+    __slots__ = ("core", "spec", "started", "tried", "memo_lock", "pending")
 
     def __init__(self, core: CacheCore, spec: StubSpec) -> None:
         self.core = core
         self.spec = spec
         self.started: Started | None = None
         self.tried = False
+        self.memo_lock: int | None = None
+        self.pending: list[Callable[[], None]] = []  # memo writes, made when the lock is let go
+
+    def hold(self, fd: int, write: Callable[[], None]) -> bool:
+        if self.started is None or self.memo_lock is not None:
+            return False
+        self.memo_lock = fd
+        self.pending.append(write)
+        return True
+
+    def defer(self, write: Callable[[], None]) -> bool:
+        if self.memo_lock is None:
+            return False
+        self.pending.append(write)
+        return True
+
+    def release_memo_lock(self) -> None:
+        fd, self.memo_lock = self.memo_lock, None
+        pending, self.pending = self.pending, []
+        try:
+            for write in pending:
+                write()  # (best-effort writes: memofile.write_json never raises OSError)
+        finally:
+            if fd is not None:
+                os.close(fd)
 
     def start(self, facts: dict[str, Any]) -> None:
         if self.tried:
@@ -167,8 +195,10 @@ class Speculation:
         self.tried = True
         core = self.core
         try:
-            if core._trusted_policy(core.store.root).shared:
-                return
+            from ..edge import progress
+
+            if progress.verbose() or core._trusted_policy(core.store.root).shared:
+                return  # (a verbose build shows its one compile's command and output)
             staging = core.store.new_staging(os.urandom(8).hex())  # no key yet: a name no lock holds
             try:
                 build_dir = os.path.join(staging, "build")
@@ -190,10 +220,13 @@ class Speculation:
 
     def discard(self) -> None:
         started, self.started = self.started, None
-        if started is not None:
-            started.stop()
-            if started.staging is not None:
-                self.core.store.rmtree(started.staging)
+        try:
+            if started is not None:
+                started.stop()
+                if started.staging is not None:
+                    self.core.store.rmtree(started.staging)
+        finally:
+            self.release_memo_lock()
 
 
 SIZE_CAP_DELAY = 0.5  # seconds the size cap's helper thread waits: a starting herd loads first
@@ -460,7 +493,12 @@ class CacheCore:
                 self.store.ensure()
             except OSError:
                 pass  # read-only or missing root: lookups still work, builds degrade
-        fp = self.fingerprint.base() if speculation is None else self.fingerprint.base_with_early_facts(speculation.start)
+        if speculation is None:
+            fp = self.fingerprint.base()
+        else:
+            fp = self.fingerprint.base_with_early_facts(speculation.start, speculation.hold, speculation.defer)
+            if speculation.started is not None:
+                faults.point("probed")
         if spec.cuda_sources or spec.effective_with_cuda:
             fp = dict(fp, cuda=self.fingerprint.cuda())
         if spec.host_targets:
@@ -555,13 +593,15 @@ class CacheCore:
         timeout = max(self._lock_timeout_s() - (time.time() - t_start), 0.0)
         t_wait = time.time()
         try:
-            lock = self._wait(spec, base, timeout, t_wait)
+            lock = self._wait(spec, base, timeout, t_wait, speculation)
         except LockTimeoutError as exc:
             return self._lock_timed_out(spec, base, exc, t_wait)
         except OSError as exc:
             if exc.errno in _UNWRITABLE:
                 return self._degraded(spec, base, exc)
             raise
+        if speculation is not None:
+            speculation.release_memo_lock()
         if isinstance(lock, Entry):
             return lock  # published by another process while this one waited
         try:
@@ -588,14 +628,18 @@ class CacheCore:
             self._event(Event.HIT, found.key, name=spec.name, seed=found.seed or None)
         return found
 
-    def _wait(self, spec: StubSpec, base: str, timeout: float, t_wait: float) -> "Entry | Lock":
+    def _wait(self, spec: StubSpec, base: str, timeout: float, t_wait: float,
+              speculation: Speculation | None = None) -> "Entry | Lock":
         """Wait, at most ``timeout`` seconds, for the key's build lock. Returns the held lock, or
         the entry if another process published it meanwhile (a hit after the wait, without
         queueing on the lock). Raises :class:`LockTimeoutError` past the bound, ``OSError`` where
-        the root cannot take a lock."""
+        the root cannot take a lock. A ``speculation``'s memo lock is let go once the build lock
+        is found held: others need not wait for this wait."""
         from ..storage import locking
 
         def published() -> bool:
+            if speculation is not None:
+                speculation.release_memo_lock()
             return bool(self.store.variant_keys(base)) or os.path.isdir(self.store.entry_dir(base))
 
         self.store.ensure()

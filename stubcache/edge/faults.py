@@ -1,7 +1,8 @@
 """Fault injection for the crash tests: ``STUBCACHE_FAULT=<point>`` makes this process
 ``SIGKILL`` itself when it reaches ``<point>`` (a real kill -9 at an exact moment).
 
-Points: ``build_lock_taken`` (the key's build lock just taken, nothing looked up under it yet),
+Points: ``probed`` (a fresh host's probe done, its compile started, its memo lock held),
+``build_lock_taken`` (the key's build lock just taken, nothing looked up under it yet),
 ``after_build`` (library written, nothing published), ``before_publish`` (entry
 directory complete in staging), ``after_publish`` (renamed, before the lock is released);
 in prune, ``evict_locked`` (pin and build lock held) and ``evict_trashed`` (entry moved to

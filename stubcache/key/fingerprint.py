@@ -166,7 +166,7 @@ class Fingerprint:
         self._natives: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._flag_tools: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._torch_dir: str | None = None
-        self._local = threading.local()  # .early: this thread's listener for a probe's command facts
+        self._local = threading.local()  # .early, .hold: see base_with_early_facts
 
     def __repr__(self) -> str:
         return f"Fingerprint({self.state_dir!r}{', read_only=True' if self.read_only else ''})"
@@ -185,7 +185,7 @@ class Fingerprint:
     def _memo(self, memo_key: str, compute: Callable[[], dict[str, Any]], valid: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, Any]:
         from .toolchain import memo
 
-        return memo(self.state_dir, memo_key, compute, valid, self.read_only)
+        return memo(self.state_dir, memo_key, compute, valid, self.read_only, getattr(self._local, "hold", None))
 
     def base(self) -> dict[str, Any]:
         """The fingerprint every key includes (torch, C++ compiler, Python, platform, env, format).
@@ -211,9 +211,11 @@ class Fingerprint:
             }
             if self.state_dir and not self.read_only and os.path.isdir(self.state_dir):
                 held = self._identity_validators.get(env.get("CXX", "c++"), [])
-                write_json(fast_memo_path(self.state_dir, env),
-                            {"fp": fp, "torch_dir": self.torch_dir(),
-                             **toolchain.memo_checks(fp, env, self.torch_dir(), held)})
+                path = fast_memo_path(self.state_dir, env)
+                record = {"fp": fp, "torch_dir": self.torch_dir(), **toolchain.memo_checks(fp, env, self.torch_dir(), held)}
+                defer = getattr(self._local, "defer", None)
+                if defer is None or not defer(lambda: write_json(path, record)):
+                    write_json(path, record)
         self._current = (snap, fp)
         return fp
 
@@ -251,16 +253,20 @@ class Fingerprint:
 
         return self._once(self._compilers, command, compute)
 
-    def base_with_early_facts(self, early: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    def base_with_early_facts(self, early: Callable[[dict[str, Any]], None],
+                              hold: Callable[[int, Callable[[], None]], bool],
+                              defer: Callable[[Callable[[], None]], bool]) -> dict[str, Any]:
         """:meth:`base`, handing ``early`` the facts a build command needs if the compiler is
         probed meanwhile (:func:`stubcache.key.toolchain._probe_answers`), so that a build can
         start before the probe's slower answers and hashes are in; ``early`` is not called when
-        the answers come from a memo."""
-        self._local.early = early
+        the answers come from a memo. ``hold`` is offered each toolchain memo lock this thread
+        takes with the write of its answer (see :func:`stubcache.key.toolchain.memo`), and
+        ``defer`` the write of the whole-fingerprint memo: what they take is written later."""
+        self._local.early, self._local.hold, self._local.defer = early, hold, defer
         try:
             return self.base()
         finally:
-            self._local.early = None
+            self._local.early = self._local.hold = self._local.defer = None
 
     def compiler_facts(self) -> dict[str, Any]:
         """The probed record of the real compiler behind ``CXX`` (``cc1``, ``as``, ``ld``, its own

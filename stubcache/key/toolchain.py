@@ -109,12 +109,16 @@ def _memo_wait() -> float:
 
 
 def memo(state_dir: str | None, memo_key: str, compute: Callable[[], dict[str, Any]],
-         valid: Callable[[dict[str, Any]], bool] | None = None, read_only: bool = False) -> dict[str, Any]:
+         valid: Callable[[dict[str, Any]], bool] | None = None, read_only: bool = False,
+         hold: Callable[[int, Callable[[], None]], bool] | None = None) -> dict[str, Any]:
     """A tiny on-disk memo for expensive, deterministic toolchain facts (``read_only``: use one
     that is there, write none).
 
     On a miss, one process computes under a ``flock`` on ``<memo>.lock`` while the others wait
     and read its result: a herd starting on a cold host runs ``c++ --version`` once, not N times.
+    ``hold``: offered the lock's descriptor and the write of the answer when this process
+    computed it; if it returns True it has taken both (it writes, then closes the lock, when it
+    lets go), and the processes waiting for the answer wait until then.
     """
     name = sha256(memo_key.encode()).hexdigest()[:32] + ".json"
     path = os.path.join(state_dir, name) if state_dir else None
@@ -134,6 +138,7 @@ def memo(state_dir: str | None, memo_key: str, compute: Callable[[], dict[str, A
             lock_fd = locking.open_lock_at(sfd, name + ".lock", shared=bool(os.fstat(sfd).st_mode & 0o020))
     except OSError:
         lock_fd = -1  # read-only root or another user's lock file: compute without sharing
+    held = False
     try:
         if lock_fd >= 0 and locking.wait_flock(lock_fd, locking.EX, _memo_wait()):
             value = _read_memo(path, memo_key)
@@ -145,10 +150,13 @@ def memo(state_dir: str | None, memo_key: str, compute: Callable[[], dict[str, A
             log.warning("stubcache: the toolchain memo lock %s.lock is held by %s past %.0fs; probing "
                          "without it", path, locking.describe_holders(lock_fd), _memo_wait())
         value = _host_answer(memo_key, compute, valid)
-        write_json(path, {"memo_key": memo_key, "value": value})
+        record = {"memo_key": memo_key, "value": value}
+        held = lock_fd >= 0 and hold is not None and hold(lock_fd, lambda: write_json(path, record))
+        if not held:
+            write_json(path, record)
         return value
     finally:
-        if lock_fd >= 0:
+        if lock_fd >= 0 and not held:
             os.close(lock_fd)
 
 
