@@ -383,20 +383,28 @@ def test_a_fresh_hosts_build_starts_compiling_while_the_toolchain_is_probed(cach
 
 
 def test_a_compile_started_during_the_probe_is_killed_whole_when_the_lookup_hits(cache_root, cxx, tmp_path):
-    run_py(SPECULATE)
-    assert cxx.compiles() == 1
-    # The probe runs again (its memos gone), while the entry is there: the compile it started
-    # (a CXX that sleeps first) is killed with every process it started, and its directory removed.
-    shutil.rmtree(tmp_path / "state")
-    shutil.rmtree(cache_root / "v1" / "state")
+    # The prober (its compile started: a CXX that sleeps first) is stopped after its probe; a
+    # process that gives up waiting for the probe's memo lock (after 2 s) probes alone, builds
+    # and publishes. The prober then finds the entry: its compile is killed with every process it
+    # started (a plain kill leaves the sleep holding the pipe: no return within the timeout), and
+    # its directory removed.
     mark = tmp_path / "started"
-    # (A compile killed without the programs it started would hold its pipe open until the
-    # sleep ends: the process would not return within the timeout.)
-    proc = run_py(SPECULATE, env={"STUBCACHE_TEST_CXX_MARK": str(mark), "STUBCACHE_TEST_CXX_SLEEP": "37.25"},
-                  timeout=30)
-    assert proc.stdout.split() == ["42"]
-    assert mark.exists(), "no compile was started during the probe"
-    assert ": compiling (" not in proc.stderr and "not in the cache" not in proc.stderr, proc.stderr
+    prober = spawn_py(SPECULATE, env={"STUBCACHE_FAULT": "probed:stop", "STUBCACHE_TEST_CXX_SLEEP": "37.25",
+                                      "STUBCACHE_TEST_CXX_MARK": str(mark)})
+    try:
+        wait_until(lambda: mark.exists() and _stopped(prober.pid), "the prober to stop after its probe", proc=prober)
+        other = run_py(SPECULATE, env={"STUBCACHE_LOCK_TIMEOUT": "2"})
+        assert other.stdout.split() == ["42"]
+        assert "compiling (direct build" in other.stderr, other.stderr
+        os.kill(prober.pid, signal.SIGCONT)
+        out, err = prober.communicate(timeout=30)
+        assert prober.returncode == 0 and out.split() == ["42"], err
+        assert ": compiling (" not in err and "not in the cache" not in err, err
+    finally:
+        if prober.poll() is None:
+            os.kill(prober.pid, signal.SIGCONT)
+            prober.kill()
+            prober.wait()
     assert _staging(cache_root) == []
     sleepers = []
     for pid in os.listdir("/proc"):
@@ -408,6 +416,23 @@ def test_a_compile_started_during_the_probe_is_killed_whole_when_the_lookup_hits
     assert sleepers == []
 
 
+def _stopped(pid: int) -> bool:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def test_a_probe_in_a_root_with_entries_starts_no_compile_before_the_lookup(cache_root, cxx, tmp_path):
+    # A probe that runs again where entries are (the environment or the toolchain changed, or its
+    # memos are gone) is as likely to end in a hit: no compile starts before the lookup.
+    run_py(SPECULATE)
+    assert cxx.compiles() == 1
+    shutil.rmtree(tmp_path / "state")
+    shutil.rmtree(cache_root / "v1" / "state")
+    proc = run_py(SPECULATE)
+    assert proc.stdout.split() == ["42"] and "probed the compiler" in proc.stderr, proc.stderr
+    assert cxx.compiles() == 1
+    assert _staging(cache_root) == []
+
+
 def test_processes_that_waited_for_the_probe_wait_for_its_early_compile(cache_root, cxx, tmp_path):
     # The prober is stopped just after its probe (its compile started, the probe's memo lock
     # held); processes started meanwhile wait for that lock, then find the key's build lock
@@ -415,8 +440,7 @@ def test_processes_that_waited_for_the_probe_wait_for_its_early_compile(cache_ro
     prober = spawn_py(SPECULATE, env={"STUBCACHE_FAULT": "probed:stop"})
     others: list[subprocess.Popen] = []
     try:
-        wait_until(lambda: Path(f"/proc/{prober.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T",
-                   "the prober to stop after its probe", proc=prober)
+        wait_until(lambda: _stopped(prober.pid), "the prober to stop after its probe", proc=prober)
         others += [spawn_py(SPECULATE) for _ in range(3)]
         state = str(cache_root / "v1" / "state")
         for p in others:

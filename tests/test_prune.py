@@ -137,7 +137,11 @@ def test_killed_builders_staging_removed_live_builders_kept(cache_root, cxx, tmp
     builder = spawn_py(code, env={"STUBCACHE_TEST_CXX_SLEEP": "60", "STUBCACHE_TEST_CXX_MARK": str(mark)})
     store = Store(str(cache_root))
     try:
-        wait_until(mark.exists, "the builder to start compiling", proc=builder)
+        def compiling_under_lease() -> bool:
+            # (On a fresh host the compile starts while the toolchain is probed, before the lease.)
+            return mark.exists() and os.path.isdir(store.path("leases")) and bool(os.listdir(store.path("leases")))
+
+        wait_until(compiling_under_lease, "the builder to compile under its lease", proc=builder)
         staging = os.listdir(store.path("staging"))
         assert len(staging) == 1 and f"-{builder.pid}-" in staging[0]
         assert os.listdir(store.path("leases"))

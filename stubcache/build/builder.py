@@ -63,10 +63,10 @@ def build(spec: StubSpec, build_dir: str, compiler: dict[str, Any] | None = None
     build if its command is the one this build runs, else stopped. Either way this build owns it."""
     if compiler is None:
         compiler = buildinputs.compiler_facts()
-    t0 = time.perf_counter()
     # An input that changed after this is taken for one that changed during the build: an
-    # earlier compile's start counts from when it began.
+    # earlier compile's start counts from when it began (and so does the build's time).
     started_ns = time.time_ns() if started is None else started.started_ns
+    t0 = time.perf_counter() - (time.time_ns() - started_ns) / 1e9
     probe = memo = None
     if spec.build_method == "direct":
         library, out, deps, probe, memo = _build_direct(spec, build_dir, compiler, meanwhile, started)
@@ -147,13 +147,14 @@ class Started:
     def stop(self) -> None:
         """Kill the compile (the driver's whole session, so no cc1plus, as or ld it started keeps
         writing in ``build_dir``) and reap it."""
-        if self.proc.returncode is None:
+        if self.proc.poll() is None:  # (not reaped: its pid, the session's id, is still its own)
             import signal
 
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except OSError:
                 pass
+        if self.proc.returncode is None or self.proc.stdout is not None and not self.proc.stdout.closed:
             self.proc.communicate()
 
 

@@ -197,8 +197,11 @@ class Speculation:
         try:
             from ..edge import progress
 
-            if progress.verbose() or core._trusted_policy(core.store.root).shared:
-                return  # (a verbose build shows its one compile's command and output)
+            if progress.verbose() or core._trusted_policy(core.store.root).shared or core.store.entry_keys():
+                # (A verbose build shows its one compile's command and output; in a root that has
+                # entries, a probe runs again after a change of the environment or the toolchain,
+                # and the lookup may well hit.)
+                return
             staging = core.store.new_staging(os.urandom(8).hex())  # no key yet: a name no lock holds
             try:
                 build_dir = os.path.join(staging, "build")
@@ -348,19 +351,34 @@ class CacheCore:
         build failure recorded since then is raised, not built again (invariants 8 and 11)."""
         if not isinstance(spec, StubSpec):
             raise TypeError(f"get_or_build expects a StubSpec, got {type(spec).__name__}")
-        speculation = self._speculation(spec)
+        made: list[Speculation] = []  # (made only where the fingerprint is computed: see _fingerprint)
+
+        def probing() -> Speculation | None:
+            made.extend(self._speculation(spec))
+            return made[0] if made else None
+
         try:
-            fp = self._fingerprint(spec, speculation)
+            fp = self._fingerprint(spec, probing)
+            if made and made[0].started is not None:
+                faults.point("probed")
             last = self._last_key
             base = last[2] if last[0] is spec and last[1] is fp else self._base_key(spec, fp)
             if not spec.tracks_headers:
                 memo = self._memo.get(base)
                 if memo is not None:
                     return memo
-            with self._key_lock(base):  # threads of this process: one build per key, others proceed
+            speculation = made[0] if made else None
+            key_lock = self._key_lock(base)  # threads of this process: one build per key, others proceed
+            if not key_lock.acquire(blocking=False):
+                if speculation is not None:
+                    speculation.discard()  # another thread is at this key: its build, or its hit
+                key_lock.acquire()
+            try:
                 entry = self._get_or_build(spec, base, since, speculation)
+            finally:
+                key_lock.release()
         finally:
-            if speculation is not None:
+            for speculation in made:
                 speculation.discard()
         if self._cap_pending:  # after a publish, with every lock released; never after a hit
             self._cap_pending = False
@@ -487,18 +505,14 @@ class CacheCore:
                 lock = self._key_locks.setdefault(base, threading.Lock())
         return lock
 
-    def _fingerprint(self, spec: StubSpec, speculation: Speculation | None = None) -> dict[str, Any]:
+    def _fingerprint(self, spec: StubSpec, probing: Callable[[], Speculation | None] | None = None) -> dict[str, Any]:
+        # ``probing``: see Fingerprint.base (get_or_build's Speculation, made only if needed).
         if not self.store.ready:
             try:
                 self.store.ensure()
             except OSError:
                 pass  # read-only or missing root: lookups still work, builds degrade
-        if speculation is None:
-            fp = self.fingerprint.base()
-        else:
-            fp = self.fingerprint.base_with_early_facts(speculation.start, speculation.hold, speculation.defer)
-            if speculation.started is not None:
-                faults.point("probed")
+        fp = self.fingerprint.base(probing)
         if spec.cuda_sources or spec.effective_with_cuda:
             fp = dict(fp, cuda=self.fingerprint.cuda())
         if spec.host_targets:
@@ -554,20 +568,20 @@ class CacheCore:
 
     # --- get_or_build, step by step: look up, wait, look again, build, publish; or degrade ------
 
-    def _speculation(self, spec: StubSpec) -> Speculation | None:
+    def _speculation(self, spec: StubSpec) -> list[Speculation]:
         """Where a probe of the compiler may run before ``spec``'s key is known (a fresh host),
         the compile that a miss would run can start as soon as the probe knows the command
         (:class:`Speculation`): for a plain direct build in a root that builds (no seeds, fleet or
-        ``STUBCACHE_REQUIRE_HIT``, which may not build here)."""
+        ``STUBCACHE_REQUIRE_HIT``, which may not build here). A list of one or none."""
         if (spec.build_method != "direct" or spec.cuda_sources or spec.effective_with_cuda or spec.host_targets
                 or spec.tool_flags or self.seeds or self._remote_config is not None or self.fingerprint.read_only):
-            return None
+            return []
         try:
             if settings.require_hit():
-                return None
+                return []
         except StubCacheError:
-            return None  # the lookup reports it
-        return Speculation(self, spec)
+            return []  # the lookup reports it
+        return [Speculation(self, spec)]
 
     def _get_or_build(self, spec: StubSpec, base: str, since: float | None = None,
                       speculation: Speculation | None = None) -> Entry:
@@ -582,6 +596,8 @@ class CacheCore:
         try:
             found = self._first_look(spec, base)
         except UntrustedRootError as exc:
+            if speculation is not None:
+                speculation.discard()
             return self._untrusted_root(spec, base, exc)
         if found is not None:
             return found
@@ -594,9 +610,11 @@ class CacheCore:
         t_wait = time.time()
         try:
             lock = self._wait(spec, base, timeout, t_wait, speculation)
-        except LockTimeoutError as exc:
-            return self._lock_timed_out(spec, base, exc, t_wait)
-        except OSError as exc:
+        except (LockTimeoutError, OSError) as exc:
+            if speculation is not None:
+                speculation.discard()  # (before a private build: it builds elsewhere)
+            if isinstance(exc, LockTimeoutError):
+                return self._lock_timed_out(spec, base, exc, t_wait)
             if exc.errno in _UNWRITABLE:
                 return self._degraded(spec, base, exc)
             raise
@@ -720,8 +738,7 @@ class CacheCore:
             from ..edge import progress
 
             with progress.status(lambda: f"building {spec.name} ({spec.build_method} build)"):
-                entry = self._build_and_publish(spec, base, meanwhile=hint,
-                                                started=speculation.take() if speculation is not None else None)
+                entry = self._build_and_publish(spec, base, meanwhile=hint, speculation=speculation)
             if claim is not None:
                 claim.upload(entry.manifest, entry.path)  # after the local publish
             return entry
@@ -962,12 +979,22 @@ class CacheCore:
         )
 
     def _build_and_publish(self, spec: StubSpec, base: str, retry: bool = True,
-                           meanwhile: Callable[[], None] | None = None, started: Started | None = None) -> Entry:
-        """Build in a fresh staging directory (``started``'s, if a compile was started before the
-        key was known), then publish. A build during which an input changed is published under
-        no key: built once more, then privately. ``meanwhile``, ``started``: see
+                           meanwhile: Callable[[], None] | None = None,
+                           speculation: Speculation | None = None) -> Entry:
+        """Build in a fresh staging directory (the ``speculation``'s, if it started a compile
+        before the key was known), then publish. A build during which an input changed is
+        published under no key: built once more, then privately. ``meanwhile``: see
         :func:`stubcache.build.builder.build`."""
-        staging = self.store.new_staging(base) if started is None or started.staging is None else started.staging
+        started = None
+        try:
+            started = speculation.take() if speculation is not None else None
+            staging = self.store.new_staging(base) if started is None or started.staging is None else started.staging
+        except BaseException:
+            if started is not None:
+                started.stop()
+                if started.staging is not None:
+                    self.store.rmtree(started.staging)
+            raise
         try:
             result = self._compile(spec, base, staging, meanwhile, started)
             if result.unstable:

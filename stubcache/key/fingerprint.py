@@ -22,7 +22,17 @@ from .memofile import load_json, write_json
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
 if TYPE_CHECKING:
-    from typing import Any, Callable
+    from typing import Any, Callable, Protocol
+
+    class ProbeHooks(Protocol):
+        """What a caller of :meth:`Fingerprint.base` that may start a build during a compiler
+        probe hands it (``stubcache.cache.core.Speculation``)."""
+
+        def start(self, facts: dict[str, Any]) -> None: ...  # the facts a build command needs, early
+
+        def hold(self, fd: int, write: Callable[[], None]) -> bool: ...  # a probe's memo lock and write
+
+        def defer(self, write: Callable[[], None]) -> bool: ...  # the whole-fingerprint memo's write
 
 FORMAT_VERSION = 4  # 2: real compiler, tracked inputs, needless fields nulled; 3: records without the holes of 2;
 #                    4: separate_units in the spec
@@ -166,7 +176,7 @@ class Fingerprint:
         self._natives: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._flag_tools: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._torch_dir: str | None = None
-        self._local = threading.local()  # .early, .hold: see base_with_early_facts
+        self._local = threading.local()  # .hooks: this thread's ProbeHooks while base() computes
 
     def __repr__(self) -> str:
         return f"Fingerprint({self.state_dir!r}{', read_only=True' if self.read_only else ''})"
@@ -185,13 +195,22 @@ class Fingerprint:
     def _memo(self, memo_key: str, compute: Callable[[], dict[str, Any]], valid: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, Any]:
         from .toolchain import memo
 
-        return memo(self.state_dir, memo_key, compute, valid, self.read_only, getattr(self._local, "hold", None))
+        hooks = getattr(self._local, "hooks", None)
+        return memo(self.state_dir, memo_key, compute, valid, self.read_only, hooks.hold if hooks else None)
 
-    def base(self) -> dict[str, Any]:
+    def base(self, probing: Callable[[], ProbeHooks | None] | None = None) -> dict[str, Any]:
         """The fingerprint every key includes (torch, C++ compiler, Python, platform, env, format).
         Costs one environment snapshot when nothing changed; if ``CXX``, ``TORCH_CUDA_ARCH_LIST``
         or another key variable changed since, it is recomputed: builds read the live
-        environment, so the key must too."""
+        environment, so the key must too.
+
+        ``probing`` is asked, only when the fingerprint must be computed, for the hooks of a
+        caller that may start its build while the compiler is probed: ``start`` is handed the
+        facts a build command needs as soon as the probe knows them
+        (:func:`stubcache.key.toolchain._probe_answers`; not called when the answers come from a
+        memo), ``hold`` each toolchain memo lock this thread takes with the write of its answer
+        (:func:`stubcache.key.toolchain.memo`), ``defer`` the write of the whole-fingerprint memo:
+        what they take is written when the caller lets go."""
         snap = env_snapshot()
         current = self._current
         if current is not None and current[0] == snap:
@@ -199,24 +218,33 @@ class Fingerprint:
         env = env_from_snapshot(snap)  # the values of this snapshot, not a later re-read
         fp = _fast_memo_get(self.state_dir, env)
         if fp is None:
-            from . import toolchain
-
-            fp = {
-                "format": FORMAT_VERSION,
-                "torch": toolchain.torch_facts(self.torch_dir(), self._memo),
-                "cxx": self.compiler_identity(env.get("CXX", "c++")),
-                "python": toolchain.python_facts(),
-                "platform": {"system": sys.platform, "machine": os.uname().machine, "libc": toolchain.libc()},
-                "env": env,
-            }
-            if self.state_dir and not self.read_only and os.path.isdir(self.state_dir):
-                held = self._identity_validators.get(env.get("CXX", "c++"), [])
-                path = fast_memo_path(self.state_dir, env)
-                record = {"fp": fp, "torch_dir": self.torch_dir(), **toolchain.memo_checks(fp, env, self.torch_dir(), held)}
-                defer = getattr(self._local, "defer", None)
-                if defer is None or not defer(lambda: write_json(path, record)):
-                    write_json(path, record)
+            self._local.hooks = probing() if probing is not None else None
+            try:
+                fp = self._compute(env)
+            finally:
+                self._local.hooks = None
         self._current = (snap, fp)
+        return fp
+
+    def _compute(self, env: dict[str, Any]) -> dict[str, Any]:
+        # The whole fingerprint, probed (or from the probes' memos), and its memo written.
+        from . import toolchain
+
+        fp = {
+            "format": FORMAT_VERSION,
+            "torch": toolchain.torch_facts(self.torch_dir(), self._memo),
+            "cxx": self.compiler_identity(env.get("CXX", "c++")),
+            "python": toolchain.python_facts(),
+            "platform": {"system": sys.platform, "machine": os.uname().machine, "libc": toolchain.libc()},
+            "env": env,
+        }
+        if self.state_dir and not self.read_only and os.path.isdir(self.state_dir):
+            held = self._identity_validators.get(env.get("CXX", "c++"), [])
+            path = fast_memo_path(self.state_dir, env)
+            record = {"fp": fp, "torch_dir": self.torch_dir(), **toolchain.memo_checks(fp, env, self.torch_dir(), held)}
+            hooks = self._local.hooks
+            if hooks is None or not hooks.defer(lambda: write_json(path, record)):
+                write_json(path, record)
         return fp
 
     def torch_dir(self) -> str | None:
@@ -246,27 +274,13 @@ class Fingerprint:
                     held.extend(value["validators"])
                 return value
 
-            ident = toolchain.compiler_identity(command, memo, getattr(self._local, "early", None))
+            hooks = getattr(self._local, "hooks", None)
+            ident = toolchain.compiler_identity(command, memo, hooks.start if hooks else None)
             with self._lock:
                 self._identity_validators[command] = held
             return ident
 
         return self._once(self._compilers, command, compute)
-
-    def base_with_early_facts(self, early: Callable[[dict[str, Any]], None],
-                              hold: Callable[[int, Callable[[], None]], bool],
-                              defer: Callable[[Callable[[], None]], bool]) -> dict[str, Any]:
-        """:meth:`base`, handing ``early`` the facts a build command needs if the compiler is
-        probed meanwhile (:func:`stubcache.key.toolchain._probe_answers`), so that a build can
-        start before the probe's slower answers and hashes are in; ``early`` is not called when
-        the answers come from a memo. ``hold`` is offered each toolchain memo lock this thread
-        takes with the write of its answer (see :func:`stubcache.key.toolchain.memo`), and
-        ``defer`` the write of the whole-fingerprint memo: what they take is written later."""
-        self._local.early, self._local.hold, self._local.defer = early, hold, defer
-        try:
-            return self.base()
-        finally:
-            self._local.early = self._local.hold = self._local.defer = None
 
     def compiler_facts(self) -> dict[str, Any]:
         """The probed record of the real compiler behind ``CXX`` (``cc1``, ``as``, ``ld``, its own
