@@ -114,8 +114,9 @@ print(json.dumps({"(part of the imports) unmarshalling their bytecode again, bes
 
 # A cold call's phases, from stubcache's own DEBUG lines (stubcache.edge.log.debug: the logger
 # "stubcache"), each stamped when it is logged: what ended how long after the call began.
-PHASES = (("probed the compiler ", "toolchain probed (a fresh host)"), (": not in the cache ", "key computed, looked up (imports, fingerprint)"),
-          (": compiling (", "compiler about to start (lookup, build lock, staging)"),
+PHASES = (("compiling early, while the toolchain is probed", "compiler started during the probe (a fresh host's new root)"),
+          ("probed the compiler ", "toolchain probed (a fresh host)"), (": not in the cache ", "key computed, looked up (imports, fingerprint)"),
+          (": compiling (", "compiler about to start, or the early compile taken over (lookup, build lock, staging)"),
           (": compiled in ", "compiler finished"), (": inputs tracked ", "inputs tracked, load checked"),
           (": published as ", "published"))
 COLD_TIMELINE = ENGINE + r"""

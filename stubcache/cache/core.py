@@ -210,6 +210,7 @@ class Speculation:
 
                 self.started = start_direct(self.spec, build_dir, facts)
                 self.started.staging = staging
+                log.debug("stubcache: %s: compiling early, while the toolchain is probed", self.spec.name)
             except BaseException:
                 core.store.rmtree(staging)
                 raise
