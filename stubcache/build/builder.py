@@ -160,7 +160,7 @@ class Started:
 
 def start_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any]) -> Started:
     """Begin ``spec``'s direct compile in ``build_dir`` with ``compiler``'s command facts (a
-    probe's early answers: see :meth:`stubcache.key.fingerprint.Fingerprint.base_with_early_facts`)
+    probe's early answers: see ``probing`` in :meth:`stubcache.key.fingerprint.Fingerprint.base`)
     before the key is known; :func:`build` later takes it over or stops it."""
     started_ns = time.time_ns()
     cmd = _direct_setup(spec, build_dir, compiler, buildinputs.python_include_early())
@@ -172,8 +172,13 @@ def _direct_setup(spec: StubSpec, build_dir: str, compiler: dict[str, Any], pyth
     source = os.path.join(build_dir, "main.cpp")
     with open(source, "w", encoding="utf-8", errors="surrogateescape") as fh:
         fh.write("\n".join(spec.cpp_sources))  # surrogates: the undecodable bytes of a load()ed file
-    # Relative names (the compiler runs in build_dir) and the prefix map keep the random staging
-    # path out of the library, so two builds of one key give identical bytes.
+    return _command_in(spec, build_dir, compiler, python_include)
+
+
+def _command_in(spec: StubSpec, build_dir: str, compiler: dict[str, Any], python_include: str | None = None) -> list[str]:
+    # The direct command run in build_dir. Relative names (the compiler runs there) and the prefix
+    # map keep the random staging path out of the library, so two builds of one key give
+    # identical bytes.
     return direct_command(spec, "main.cpp", f"{spec.name}.so", buildinputs.DEPFILE, build_dir, compiler, python_include)
 
 
@@ -185,8 +190,7 @@ def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any], mean
     (:func:`stubcache.build.buildinputs.tracked_inputs` takes both)."""
     output = os.path.join(build_dir, f"{spec.name}.so")
     early = buildinputs.python_include_early()
-    if started is not None and started.build_dir == build_dir and started.cmd == direct_command(
-            spec, "main.cpp", f"{spec.name}.so", buildinputs.DEPFILE, build_dir, compiler, early):
+    if started is not None and started.build_dir == build_dir and started.cmd == _command_in(spec, build_dir, compiler, early):
         cmd, proc, stop = started.cmd, started.proc, started.stop
         log.debug("stubcache: %s: compiling (direct build, started while the toolchain was probed)", spec.name)
     else:
@@ -204,7 +208,7 @@ def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any], mean
             # The template guessed wrong: build again with sysconfig's answer once this compile
             # has ended (a killed driver would leave its cc1plus, as or ld writing here).
             proc.communicate()
-            cmd = direct_command(spec, "main.cpp", f"{spec.name}.so", buildinputs.DEPFILE, build_dir, compiler)
+            cmd = _command_in(spec, build_dir, compiler)
             proc, stop = _spawn_compiler(spec, cmd, build_dir), None
         memo = tracking.hash_memo()
         if meanwhile is not None:

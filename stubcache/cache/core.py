@@ -145,7 +145,7 @@ class Speculation:
 
     On a fresh host the probe (a dozen programs run, cc1plus hashed) comes before the key, the
     lookup and the build lock. As soon as the probe knows the build command's facts
-    (:meth:`stubcache.key.fingerprint.Fingerprint.base_with_early_facts`), :meth:`start` begins
+    (``probing`` in :meth:`stubcache.key.fingerprint.Fingerprint.base`), :meth:`start` begins
     the compile in a staging directory of its own; a miss's build takes it over if it would run
     that very command (:func:`stubcache.build.builder.build`), and anything else (a hit, a
     failed lookup, a private or degraded build, an exception) discards it (:meth:`discard`): the compiler's
@@ -355,8 +355,10 @@ class CacheCore:
         made: list[Speculation] = []  # (made only where the fingerprint is computed: see _fingerprint)
 
         def probing() -> Speculation | None:
-            made.extend(self._speculation(spec))
-            return made[0] if made else None
+            speculation = self._speculation(spec)
+            if speculation is not None:
+                made.append(speculation)
+            return speculation
 
         try:
             fp = self._fingerprint(spec, probing)
@@ -569,20 +571,20 @@ class CacheCore:
 
     # --- get_or_build, step by step: look up, wait, look again, build, publish; or degrade ------
 
-    def _speculation(self, spec: StubSpec) -> list[Speculation]:
+    def _speculation(self, spec: StubSpec) -> Speculation | None:
         """Where a probe of the compiler may run before ``spec``'s key is known (a fresh host),
         the compile that a miss would run can start as soon as the probe knows the command
         (:class:`Speculation`): for a plain direct build in a root that builds (no seeds, fleet or
-        ``STUBCACHE_REQUIRE_HIT``, which may not build here). A list of one or none."""
+        ``STUBCACHE_REQUIRE_HIT``, which may not build here)."""
         if (spec.build_method != "direct" or spec.cuda_sources or spec.effective_with_cuda or spec.host_targets
                 or spec.tool_flags or self.seeds or self._remote_config is not None or self.fingerprint.read_only):
-            return []
+            return None
         try:
             if settings.require_hit():
-                return []
+                return None
         except StubCacheError:
-            return []  # the lookup reports it
-        return [Speculation(self, spec)]
+            return None  # the lookup reports it
+        return Speculation(self, spec)
 
     def _get_or_build(self, spec: StubSpec, base: str, since: float | None = None,
                       speculation: Speculation | None = None) -> Entry:
@@ -986,17 +988,10 @@ class CacheCore:
         before the key was known), then publish. A build during which an input changed is
         published under no key: built once more, then privately. ``meanwhile``: see
         :func:`stubcache.build.builder.build`."""
-        started = None
+        started = staging = None
         try:
             started = speculation.take() if speculation is not None else None
             staging = self.store.new_staging(base) if started is None or started.staging is None else started.staging
-        except BaseException:
-            if started is not None:
-                started.stop()
-                if started.staging is not None:
-                    self.store.rmtree(started.staging)
-            raise
-        try:
             result = self._compile(spec, base, staging, meanwhile, started)
             if result.unstable:
                 # An input changed while the compiler ran: the library may hold either version,
@@ -1024,7 +1019,10 @@ class CacheCore:
         finally:
             if started is not None:
                 started.stop()  # (nothing once the build has taken it and reaped it)
-            self.store.rmtree(staging)
+                if started.staging is not None and staging is None:  # (taken, then interrupted)
+                    self.store.rmtree(started.staging)
+            if staging is not None:
+                self.store.rmtree(staging)
 
     def _compile(self, spec: StubSpec, base: str, staging: str, meanwhile: Callable[[], None] | None = None,
                  started: Started | None = None) -> BuildResult:
