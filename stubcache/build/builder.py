@@ -20,7 +20,7 @@ import threading
 import time
 
 from ..edge import log, progress
-from . import buildinputs, loadcheck
+from . import buildinputs, loadcheck, prefetch
 from ..edge.errors import BuildError
 from ..key.fingerprint import torch_dir
 from ..key import tracking
@@ -200,7 +200,7 @@ def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any], mean
         cmd = _direct_setup(spec, build_dir, compiler, early)
         proc = _spawn_compiler(spec, cmd, build_dir)
         stop = None
-    probe = None
+    probe = head_start = None
     try:
         # Off the compile's path: the compiler is already at work (this process only waits for it).
         probe = buildinputs.start_search_probe(spec, build_dir)  # (looks up python_include())
@@ -211,9 +211,13 @@ def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any], mean
             cmd = _command_in(spec, build_dir, compiler)
             proc, stop = _spawn_compiler(spec, cmd, build_dir), None
         memo = tracking.hash_memo()
+        head_start = prefetch.LinkPrefetch.start(spec, build_dir, memo)  # a fresh host's link inputs
         if meanwhile is not None:
             meanwhile()
         stdout, _ = proc.communicate()
+        if head_start is not None:
+            head, head_start = head_start, None
+            head.finish(memo)
         out = (stdout or b"").decode("utf-8", "replace")
         text = _command_line(cmd) + out
         if proc.returncode != 0 or not os.path.isfile(output):
@@ -226,6 +230,8 @@ def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any], mean
             stop()
         loadcheck.stop(proc)
         loadcheck.stop(probe)  # reaps it and closes its pipe (a leaked pipe per failed build)
+        if head_start is not None:
+            head_start.stop()
         raise
     return output, text, deps, probe, memo
 

@@ -462,7 +462,7 @@ def track(deps: Iterable[str], build_dir: str, pinned: list[str], search: Search
         record["shadows"] = shadow_candidates(headers + pinned_headers, search, pinned, absent_names, beside,
                                               started_ns, unstable)
     if learned:
-        _remember_hashes(remembered, learned)
+        remember_hashes(remembered, learned)
     return Tracked(files, record, unstable)
 
 
@@ -492,7 +492,7 @@ def hash_memo() -> dict[str, tuple[list[Any], str]]:
     return out
 
 
-def _remember_hashes(known: dict[str, tuple[list[Any], str]], learned: dict[str, list[Any]]) -> None:
+def remember_hashes(known: dict[str, tuple[list[Any], str]], learned: dict[str, list[Any]]) -> None:
     from . import probememo
 
     rows: dict[str, list[Any]] = {} if len(known) + len(learned) > HASH_MEMO_MAX else {
