@@ -195,12 +195,7 @@ class Speculation:
         self.tried = True
         core = self.core
         try:
-            from ..edge import progress
-
-            if progress.verbose() or core._trusted_policy(core.store.root).shared or core.store.entry_keys():
-                # (A verbose build shows its one compile's command and output; in a root that has
-                # entries, a probe runs again after a change of the environment or the toolchain,
-                # and the lookup may well hit.)
+            if self.pointless(core):
                 return
             staging = core.store.new_staging(os.urandom(8).hex())  # no key yet: a name no lock holds
             try:
@@ -216,6 +211,16 @@ class Speculation:
                 raise
         except Exception as exc:  # noqa: BLE001 - a head start is never worth failing a probe for
             log.debug("stubcache: %s: no compile during the probe: %r", self.spec.name, exc)
+
+    @staticmethod
+    def pointless(core: CacheCore) -> bool:
+        """Whether no compile should start early in ``core``'s root: a verbose build (it shows
+        its one compile's command and output), a shared root, or one that has entries (a probe
+        runs again there after a change of the environment or the toolchain, and the lookup may
+        well hit). Raises what checking the root raises."""
+        from ..edge import progress
+
+        return progress.verbose() or core._trusted_policy(core.store.root).shared or bool(core.store.entry_keys())
 
     def take(self) -> Started | None:
         """The started compile, now the caller's (see :func:`stubcache.build.builder.build`)."""
@@ -584,6 +589,13 @@ class CacheCore:
                 return None
         except StubCacheError:
             return None  # the lookup reports it
+        try:
+            # Asked again when the probe has the facts; asked now too, because a probe with a
+            # compile to start defers its hashes until it has started (key.toolchain).
+            if Speculation.pointless(self):
+                return None
+        except Exception:  # noqa: BLE001 - the lookup reports a root it cannot use
+            return None
         return Speculation(self, spec)
 
     def _get_or_build(self, spec: StubSpec, base: str, since: float | None = None,
