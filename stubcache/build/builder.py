@@ -211,7 +211,8 @@ def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any], mean
             cmd = _command_in(spec, build_dir, compiler)
             proc, stop = _spawn_compiler(spec, cmd, build_dir), None
         memo = tracking.hash_memo()
-        head_start = prefetch.LinkPrefetch.start(spec, build_dir, memo)  # a fresh host's link inputs
+        if proc.poll() is None:  # (an early compile may be done already: then no head start)
+            head_start = prefetch.LinkPrefetch.start(spec, build_dir, memo)  # a fresh host's link inputs
         if meanwhile is not None:
             meanwhile()
         stdout, _ = proc.communicate()
