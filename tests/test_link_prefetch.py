@@ -121,3 +121,34 @@ def test_a_head_start_still_linking_when_the_compile_ends_is_stopped_whole(cache
     assert _sleepers() == []
     staging = cache_root / "v1" / "staging"
     assert not staging.is_dir() or os.listdir(staging) == []
+
+
+def test_a_program_the_empty_link_leaves_holding_its_output_does_not_hold_up_the_build(cache_root, cxx, tmp_path,
+                                                                                      monkeypatch):
+    # A CXX whose empty link leaves a program of its own session behind (setsid: no kill of the
+    # head start's session reaches it) holding the trace's pipe: the build waits for the head
+    # start's thread a bounded time, then goes on without it and hashes the inputs itself.
+    pidfile = tmp_path / "holder.pid"
+    script = tmp_path / "cxx-leaves-a-holder.sh"
+    script.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        case " $* " in
+          *prefetch-link.so*) setsid sh -c 'echo $$ > "{pidfile}"; exec sleep 47.25' & ;;
+        esac
+        exec "{cxx.path}" "$@"
+        """))
+    script.chmod(0o755)
+    monkeypatch.setenv("CXX", str(script))
+    try:
+        t0 = time.monotonic()
+        proc = run_py(BUILD % "7", env={"STUBCACHE_TEST_CXX_SLEEP": "2"}, timeout=40)
+        assert proc.stdout.split() == ["7"] and time.monotonic() - t0 < 30, proc.stderr
+        assert HEAD_START not in proc.stderr
+        headers = _manifest(cache_root)["headers"]
+        assert headers and all(d == _sha256(p) for p, d in headers.items())
+    finally:
+        if pidfile.exists():
+            try:
+                os.kill(int(pidfile.read_text()), 9)
+            except (ProcessLookupError, ValueError):
+                pass

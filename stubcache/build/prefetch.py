@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 # The empty link's output in the build directory: not a spec's library name (a '-' is in no
 # identifier), and removed with the staging directory.
 OUTPUT = "prefetch-link.so"
+FINISH_WAIT = 1.0  # seconds the helper thread is waited for once the link has ended (or been killed)
 
 
 class LinkPrefetch:
@@ -81,7 +82,8 @@ class LinkPrefetch:
         # The link's trace (read to its end: the driver and what it ran have exited or been
         # killed), then each file the memo would keep, hashed as tracking hashes it.
         try:
-            out = self.proc.stdout.read().decode("utf-8", "surrogateescape")  # type: ignore[union-attr]  # PIPE
+            with self.proc.stdout:  # type: ignore[union-attr]  # PIPE
+                out = self.proc.stdout.read().decode("utf-8", "surrogateescape")  # type: ignore[union-attr]
         except (OSError, ValueError):
             return
         learned: dict[str, list[Any]] = {}
@@ -108,18 +110,19 @@ class LinkPrefetch:
         if self.proc.poll() is None:
             self.stop()
             return
-        self.thread.join()
-        self.proc.stdout.close()  # type: ignore[union-attr]  # PIPE
+        self.thread.join(FINISH_WAIT)
+        if self.thread.is_alive():  # a program the driver left behind holds the trace's pipe: let it be
+            self.stopped.set()
+            return
         for path, (sig, digest) in self.learned.items():
             memo[path] = (sig, digest)
 
     def stop(self) -> None:
-        """End the head start: its link's whole session killed and reaped, its thread joined."""
+        """End the head start: its link's whole session killed and reaped, its thread ended."""
         self.stopped.set()
         _kill(self.proc)
         self.proc.wait()
-        self.thread.join()
-        self.proc.stdout.close()  # type: ignore[union-attr]  # PIPE
+        self.thread.join(FINISH_WAIT)  # (it closes the pipe; one held by a program that left the session: let it be)
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
