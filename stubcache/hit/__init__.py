@@ -406,14 +406,16 @@ def _unchanged(record: HitRecord) -> bool:
         elif type(value) is not str or raw != value.encode(_FS_ENCODING, "surrogateescape"):
             return False
     stat_ = os.stat
+    seen: dict[str, Any] = {}  # path -> its stat (None: absent), for a shadow row of the same directory
     for path, want in record.validators:
         if type(path) is not str:
             return False
         try:
-            st = stat_(path)
+            st = seen[path] = stat_(path)
         except OSError:
             if want is not None:
                 return False
+            seen[path] = None
             continue
         if [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns] != want:
             return False
@@ -429,13 +431,19 @@ def _unchanged(record: HitRecord) -> bool:
     for directory, want, names in record.shadows:
         if type(directory) is not str or type(names) is not list:
             return False
-        try:
-            st = os.stat(directory)
-            same = [st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns] == want
-            if not same and not stat.S_ISDIR(st.st_mode):
-                return False  # no longer a directory: a file on sys.path may be a zip archive
-        except OSError:
+        # (PATH's directories are validators, for the compiler, and shadow rows, for as and ld)
+        dst = seen.get(directory, seen)
+        if dst is seen:
+            try:
+                dst = seen[directory] = stat_(directory)
+            except OSError:
+                dst = seen[directory] = None
+        if dst is None:
             same = want is None
+        else:
+            same = [dst.st_dev, dst.st_ino, dst.st_mtime_ns, dst.st_ctime_ns] == want
+            if not same and not stat.S_ISDIR(dst.st_mode):
+                return False  # no longer a directory: a file on sys.path may be a zip archive
         if not same and appeared(directory, names):
             return False
     return True
