@@ -58,6 +58,14 @@ def _sh(cmd: list[str]) -> str:
         return f"<{exc}>"
 
 
+def git_state() -> str:
+    """The checkout's commit, ``+modified`` if a tracked file differs from it: each scenario
+    builds its wheel from the working tree, so a run says what it measured."""
+    head = _sh(["git", "-C", str(HERE.parent), "rev-parse", "--short", "HEAD"])
+    changed = _sh(["git", "-C", str(HERE.parent), "status", "--porcelain", "--untracked-files=no"])
+    return f"{head}+modified" if changed else head
+
+
 def machine() -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -78,7 +86,7 @@ def machine() -> dict:
         "compiler": _sh([shutil.which("c++") or "c++", "--version"]).splitlines()[0],
         "ninja": _sh(["ninja", "--version"]),
         "filelock": ver("filelock"),
-        "git_commit": _sh(["git", "-C", str(HERE.parent), "rev-parse", "--short", "HEAD"]),
+        "git_commit": git_state(),
         "loadavg_start": os.getloadavg(),
     }
 
@@ -261,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep_work:
             ctx.cleanup()
     results["seconds"] = time.perf_counter() - t_start
+    end = git_state()
+    if end != results["machine"]["git_commit"]:  # edited or committed while it ran
+        results["machine"]["git_commit"] += f" (tree changed during the run, {end} at its end)"
     (out / "results.json").write_text(json.dumps(results, indent=1))
     md = render(results)
     (out / "results.md").write_text(md)
