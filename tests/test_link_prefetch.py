@@ -73,21 +73,35 @@ def test_a_host_with_a_hash_memo_starts_no_head_start(cache_root, cxx, tmp_path)
     assert "compiled in" in proc.stderr and HEAD_START not in proc.stderr, proc.stderr
 
 
-@pytest.fixture
-def slow_empty_link(tmp_path, monkeypatch, cxx):
-    """A CXX (in front of the compile-counting one) whose empty link, the head start, starts a
-    sleep that holds its output pipe and then waits for it: only the head start's whole session
-    killed lets it go."""
-    script = tmp_path / "cxx-slow-link.sh"
+EMPTY_LINKS = {
+    # the empty link starts a sleep that holds its output pipe and waits for it: only the head
+    # start's whole session killed lets it go
+    "slow": "sleep 43.75 & wait",
+    # it leaves the sleep behind in its session, holding the pipe, and links
+    "leaves a program": "sleep 43.75 &",
+    # its trace names a file with a NUL byte in its name (no traceback, no failed build)
+    "odd trace": "printf '/etc/pass\\000wd\\n'",
+}
+
+
+def _empty_link(tmp_path, monkeypatch, cxx, what: str) -> None:
+    """A CXX (in front of the compile-counting one) whose empty link, the head start, does
+    ``EMPTY_LINKS[what]`` first."""
+    script = tmp_path / "cxx-empty-link.sh"
     script.write_text(textwrap.dedent(f"""\
         #!/bin/sh
         case " $* " in
-          *prefetch-link.so*) sleep 43.75 & wait ;;
+          *prefetch-link.so*) {EMPTY_LINKS[what]} ;;
         esac
         exec "{cxx.path}" "$@"
         """))
     script.chmod(0o755)
     monkeypatch.setenv("CXX", str(script))
+
+
+@pytest.fixture
+def slow_empty_link(tmp_path, monkeypatch, cxx):
+    _empty_link(tmp_path, monkeypatch, cxx, "slow")
 
 
 def _sleepers() -> list[str]:
@@ -152,3 +166,29 @@ def test_a_program_the_empty_link_leaves_holding_its_output_does_not_hold_up_the
                 os.kill(int(pidfile.read_text()), 9)
             except (ProcessLookupError, ValueError):
                 pass
+
+
+@pytest.mark.parametrize("what", ["leaves a program", "odd trace"])
+def test_an_empty_link_that_misbehaves_neither_fails_nor_outlives_the_build(cache_root, cxx, tmp_path, monkeypatch,
+                                                                             what):
+    _empty_link(tmp_path, monkeypatch, cxx, what)
+    t0 = time.monotonic()
+    proc = run_py(BUILD % "7", env={"STUBCACHE_TEST_CXX_SLEEP": "2"}, timeout=40)
+    assert proc.stdout.split() == ["7"] and time.monotonic() - t0 < 30, proc.stderr
+    assert "Traceback" not in proc.stderr and "Exception in thread" not in proc.stderr, proc.stderr
+    assert _sleepers() == []  # one left in the head start's session is killed with it
+    headers = _manifest(cache_root)["headers"]
+    assert headers and all(d == _sha256(p) for p, d in headers.items())
+
+
+def test_no_head_start_where_the_hash_memo_cannot_be_kept(cache_root, cxx, tmp_path):
+    # A memo directory that is not trusted (writable by the group) keeps nothing: a head start
+    # there would run again for every build and last for none.
+    run_py(BUILD % "1", env={"STUBCACHE_TEST_CXX_SLEEP": "2"})
+    probes = tmp_path / "state" / "stubcache" / "probes"
+    for f in probes.glob("*.json"):
+        f.unlink()
+    probes.chmod(0o770)
+    proc = run_py(BUILD % "2", env={"STUBCACHE_DIR": str(tmp_path / "another-root"), "STUBCACHE_TEST_CXX_SLEEP": "2"})
+    assert proc.stdout.split() == ["2"]
+    assert "compiled in" in proc.stderr and HEAD_START not in proc.stderr, proc.stderr

@@ -217,8 +217,8 @@ def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any], mean
             meanwhile()
         stdout, _ = proc.communicate()
         if head_start is not None:
-            head, head_start = head_start, None
-            head.finish(memo)
+            head_start.finish(memo)
+            head_start = None
         out = (stdout or b"").decode("utf-8", "replace")
         text = _command_line(cmd) + out
         if proc.returncode != 0 or not os.path.isfile(output):

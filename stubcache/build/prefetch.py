@@ -23,7 +23,8 @@ import threading
 import time
 
 from ..edge import kpath, log
-from ..key import tracking
+from ..key import probememo, tracking
+from ..key.fingerprint import torch_dir
 from ..key.inputs import signature, slack_ns
 from ..storage.store import file_sha256
 from . import buildinputs
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 # The empty link's output in the build directory: not a spec's library name (a '-' is in no
 # identifier), and removed with the staging directory.
 OUTPUT = "prefetch-link.so"
+HASH_MAX = 64 << 20  # a larger file is left to tracking (libc, libstdc++ and the loader are ~1–2 MiB)
 FINISH_WAIT = 1.0  # seconds the helper thread is waited for once the link has ended (or been killed)
 
 
@@ -46,22 +48,28 @@ class LinkPrefetch:
 
     __slots__ = ("proc", "thread", "learned", "started_ns", "stopped")
 
-    def __init__(self, proc: subprocess.Popen[bytes], memo: dict[str, Any]) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], memo: dict[str, Any], skip: tuple[str, ...] = ()) -> None:
         self.proc = proc
-        self.learned: dict[str, list[Any]] = {}
+        self.learned: dict[str, list[Any]] = {}  # filled row by row: finish takes what is done
         self.stopped = threading.Event()
         self.started_ns = time.time_ns()
-        self.thread = threading.Thread(target=self._run, args=(memo,), name="stubcache-link-prefetch", daemon=True)
+        self.thread = threading.Thread(target=self._run, args=(memo, skip), name="stubcache-link-prefetch",
+                                       daemon=True)
         self.thread.start()
 
     @classmethod
     def start(cls, spec: StubSpec, build_dir: str, memo: dict[str, Any]) -> LinkPrefetch | None:
         """The head start for ``spec``'s build in ``build_dir`` if this user's hash ``memo`` is
         empty (a fresh host), else ``None`` (and ``None`` if the driver cannot be started)."""
-        if memo:
+        # (Where the memo cannot be kept, every build would start one and none would last.)
+        if memo or not probememo.usable():
             return None
         # An empty assembler input (no compile), then the link exactly as the build's command
         # ends it; stdout carries the trace. In its own session, as the early compile is.
+        # torch's libraries (extra_ldflags may link them) are pinned by torch's version, never
+        # hashed by tracking: not worth hashing here (libtorch_cpu is ~430 MB).
+        tdir = torch_dir()
+        skip = (os.path.join(os.path.realpath(tdir), ""), os.path.join(tdir, "")) if tdir else ()
         cmd = [*buildinputs.compiler_command(), "-x", "assembler", os.devnull, "-x", "none", "-shared", "-fPIC",
                "-Wl,--as-needed", *spec.extra_ldflags, "-o", OUTPUT, "-Wl,--trace"]
         try:
@@ -71,50 +79,53 @@ class LinkPrefetch:
         except OSError:
             return None
         try:
-            return cls(proc, memo)
-        except BaseException:  # no thread: nothing else would end it
+            return cls(proc, memo, skip)
+        except BaseException as exc:  # no thread (a process limit): nothing else would end it
             _kill(proc)
             proc.wait()
             proc.stdout.close()  # type: ignore[union-attr]  # PIPE
+            if isinstance(exc, Exception):
+                log.debug("stubcache: no head start for the link inputs: %r", exc)
+                return None  # only a head start: never worth failing a build for
             raise
 
-    def _run(self, memo: dict[str, Any]) -> None:
+    def _run(self, memo: dict[str, Any], skip: tuple[str, ...]) -> None:
         # The link's trace (read to its end: the driver and what it ran have exited or been
-        # killed), then each file the memo would keep, hashed as tracking hashes it.
+        # killed), then each file the memo would keep, hashed as tracking hashes it. Best-effort:
+        # nothing here may fail the build or print.
         try:
             with self.proc.stdout:  # type: ignore[union-attr]  # PIPE
                 out = self.proc.stdout.read().decode("utf-8", "surrogateescape")  # type: ignore[union-attr]
-        except (OSError, ValueError):
-            return
-        learned: dict[str, list[Any]] = {}
-        t0 = time.perf_counter()
-        for path in dict.fromkeys(kpath.tidy(p) for p in _link_inputs(out)):
-            if self.stopped.is_set():
-                return
-            row = _row(path, memo, self.started_ns)
-            if row is not None:
-                learned[path] = row
-        if learned and not self.stopped.is_set():
-            try:
-                tracking.remember_hashes(memo, learned)
-            except OSError:
-                pass
-            log.debug("stubcache: hashed %d link inputs while compiling (%.1f ms), for a host with no hash memo yet",
-                      len(learned), (time.perf_counter() - t0) * 1e3)
-        self.learned = learned
+            learned = self.learned
+            t0 = time.perf_counter()
+            for path in dict.fromkeys(kpath.tidy(p) for p in _link_inputs(out)):
+                if self.stopped.is_set():
+                    return
+                if skip and path.startswith(skip):
+                    continue
+                row = _row(path, memo, self.started_ns)
+                if row is not None:
+                    learned[path] = row
+            if learned and not self.stopped.is_set():
+                tracking.remember_hashes(memo, dict(learned))
+                log.debug("stubcache: hashed %d link inputs while compiling (%.1f ms), for a host with no hash memo "
+                          "yet", len(learned), (time.perf_counter() - t0) * 1e3)
+        except Exception as exc:  # noqa: BLE001 - a head start is never worth a traceback
+            log.debug("stubcache: the head start for the link inputs stopped: %r", exc)
 
     def finish(self, memo: dict[str, Any]) -> None:
         """After the compile: what the head start hashed, into ``memo`` (tracking's), if its link
         has ended (the hashing left is waited for: tracking would do it otherwise); a link still
         running is stopped instead."""
-        if self.proc.poll() is None:
+        if not _ended(self.proc):
             self.stop()
             return
+        _kill(self.proc)  # (the driver ended, unreaped: a program it left in its session goes too)
+        self.proc.wait()
         self.thread.join(FINISH_WAIT)
-        if self.thread.is_alive():  # a program the driver left behind holds the trace's pipe: let it be
+        if self.thread.is_alive():  # a program that left the session holds the pipe, or a slow hash
             self.stopped.set()
-            return
-        for path, (sig, digest) in self.learned.items():
+        for path, (sig, digest) in list(self.learned.items()):
             memo[path] = (sig, digest)
 
     def stop(self) -> None:
@@ -125,8 +136,18 @@ class LinkPrefetch:
         self.thread.join(FINISH_WAIT)  # (it closes the pipe; one held by a program that left the session: let it be)
 
 
+def _ended(proc: subprocess.Popen[bytes]) -> bool:
+    # Whether the driver has exited, without reaping it (its pid stays the session's own).
+    if proc.returncode is not None:
+        return True
+    try:
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
 def _kill(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:  # (not reaped: its pid, the session's id, is still its own)
+    if proc.returncode is None:  # (not reaped: its pid, the session's id, is still its own)
         import signal
 
         try:
@@ -155,7 +176,7 @@ def _row(path: str, memo: dict[str, Any], started_ns: int) -> list[Any] | None:
     # while it was hashed, or lately: tracking decides about those).
     try:
         st0 = os.stat(path)
-        if not stat.S_ISREG(st0.st_mode) or st0.st_size < tracking.HASH_MEMO_MIN_SIZE:
+        if not stat.S_ISREG(st0.st_mode) or not tracking.HASH_MEMO_MIN_SIZE <= st0.st_size <= HASH_MAX:
             return None
         sig = signature(st0)
         known = memo.get(path)
@@ -167,7 +188,7 @@ def _row(path: str, memo: dict[str, Any], started_ns: int) -> list[Any] | None:
             st1 = os.fstat(fd)
         finally:
             os.close(fd)
-    except OSError:
+    except (OSError, ValueError):  # (ValueError: a name with a NUL in it)
         return None
     if signature(st1) != sig or st1.st_ctime_ns >= started_ns - slack_ns(st1.st_ctime_ns):
         return None

@@ -91,6 +91,15 @@ def _open_dir(create: bool) -> int | None:
     return pfd
 
 
+def usable() -> bool:
+    """Whether this user's memo directory can hold answers (made if missing, and trusted)."""
+    fd = _open_dir(create=True)
+    if fd is None:
+        return False
+    os.close(fd)
+    return True
+
+
 def read(memo_key: str) -> dict[str, Any] | None:
     """The answer kept for ``memo_key`` (a probe's answer is a JSON object), or ``None``."""
     dfd = _open_dir(create=False)
