@@ -73,12 +73,14 @@ def test_a_host_with_a_hash_memo_starts_no_head_start(cache_root, cxx, tmp_path)
     assert "compiled in" in proc.stderr and HEAD_START not in proc.stderr, proc.stderr
 
 
+# The sleep's argument names this test process's sleepers: CI runs two test sessions side by side.
+SLEEP = f"43.{os.getpid() % 10000:04d}1"
 EMPTY_LINKS = {
     # the empty link starts a sleep that holds its output pipe and waits for it: only the head
     # start's whole session killed lets it go
-    "slow": "sleep 43.75 & wait",
+    "slow": f"sleep {SLEEP} & wait",
     # it leaves the sleep behind in its session, holding the pipe, and links
-    "leaves a program": "sleep 43.75 &",
+    "leaves a program": f"sleep {SLEEP} &",
     # its trace names a file with a NUL byte in its name (no traceback, no failed build)
     "odd trace": "printf '/etc/pass\\000wd\\n'",
 }
@@ -108,7 +110,7 @@ def _sleepers() -> list[str]:
     found = []
     for pid in os.listdir("/proc"):
         try:
-            if pid.isdigit() and Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:2] == [b"sleep", b"43.75"]:
+            if pid.isdigit() and Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:2] == [b"sleep", SLEEP.encode()]:
                 state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
                 if state != "Z":  # killed, not yet reaped by a container's init
                     found.append(pid)
