@@ -25,7 +25,7 @@ import time
 from ..edge import kpath, log
 from ..key import probememo, tracking
 from ..key.fingerprint import torch_dir
-from ..key.inputs import signature, slack_ns
+from ..key.inputs import signature
 from ..storage.store import file_sha256
 from . import buildinputs
 
@@ -190,6 +190,6 @@ def _row(path: str, memo: dict[str, Any], started_ns: int) -> list[Any] | None:
             os.close(fd)
     except (OSError, ValueError):  # (ValueError: a name with a NUL in it)
         return None
-    if signature(st1) != sig or st1.st_ctime_ns >= started_ns - slack_ns(st1.st_ctime_ns):
+    if tracking.unsettled(st0, st1, started_ns):
         return None
     return [sig, digest]

@@ -519,15 +519,13 @@ def _probe_answers(procs: list[Any], hash_on_thread: Callable[[str | None], None
                 break
     # The binaries' hashes, on threads; where a compile is to start early, once it has: on two
     # cores, cc1plus's hash (~35 ms) slowed the probes that compile waits for.
-    binaries = [cc1]
-    if early is None:
-        hash_on_thread(cc1)
+    deferred: list[str | None] = []
+    hash_binary = hash_on_thread if early is None else deferred.append
+    hash_binary(cc1)
     as_name, ld_name = _finish(started[2]).strip(), _finish(started[3]).strip()
     as_path, ld_path = _resolve_tool(as_name), _resolve_tool(ld_name)
-    binaries += [as_path, ld_path]
-    if early is None:
-        hash_on_thread(as_path)
-        hash_on_thread(ld_path)
+    hash_binary(as_path)
+    hash_binary(ld_path)
     runs = [[as_path, "--version"]] if as_path else []
     runs += [[ld_path, "--version"], [ld_path, "--help"]] if ld_path else []
     later = _start_all(runs)
@@ -543,7 +541,7 @@ def _probe_answers(procs: list[Any], hash_on_thread: Callable[[str | None], None
     if early is not None:
         early({"cc1": {"path": cc1} if cc1 else None, "as": {"path": as_path, "version": as_version} if as_path else None,
                "ld_depfile": ld_depfile})
-        for path in binaries:
+        for path in deferred:
             hash_on_thread(path)
     version, defaults, *own, search_dirs = [_finish(p) for p in (started[0], *started[4:])]
     for t in threads:

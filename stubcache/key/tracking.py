@@ -368,6 +368,14 @@ def quoted_include_names(text: str) -> list[str]:
     return [kpath.tidy(n) for n in _QUOTED.findall(text)]
 
 
+def unsettled(before: os.stat_result, after: os.stat_result, started_ns: int) -> bool:
+    """Whether a file hashed between ``before`` and ``after`` (its stats) may not hold what was
+    read, nor what a build that began at ``started_ns`` read: it changed meanwhile, or it changed
+    at or after that start (less the file system's timestamp slack), so its signature cannot be
+    trusted yet."""
+    return signature(before) != signature(after) or after.st_ctime_ns >= started_ns - slack_ns(after.st_ctime_ns)
+
+
 def track(deps: Iterable[str], build_dir: str, pinned: list[str], search: SearchPath | None,
           started_ns: int, probes: Iterable[str] = (), remembered: dict[str, Any] | None = None) -> Tracked:
     """Hash every dependency that is neither the build's own file nor pinned; record the shadow
@@ -423,7 +431,7 @@ def track(deps: Iterable[str], build_dir: str, pinned: list[str], search: Search
             finally:
                 os.close(fd)
         sig = signature(st1)
-        if signature(st0) != sig or st1.st_ctime_ns >= started_ns - slack_ns(st1.st_ctime_ns):
+        if unsettled(st0, st1, started_ns):
             unstable.append(path)
         elif fd >= 0 and st1.st_size >= HASH_MEMO_MIN_SIZE:
             learned[path] = [sig, digest]
