@@ -86,14 +86,14 @@ EMPTY_LINKS = {
 }
 
 
-def _empty_link(tmp_path, monkeypatch, cxx, what: str) -> None:
-    """A CXX (in front of the compile-counting one) whose empty link, the head start, does
-    ``EMPTY_LINKS[what]`` first."""
+def _empty_link(tmp_path, monkeypatch, cxx, first: str) -> None:
+    """A CXX (in front of the compile-counting one) whose empty link, the head start, runs the
+    shell command ``first`` first."""
     script = tmp_path / "cxx-empty-link.sh"
     script.write_text(textwrap.dedent(f"""\
         #!/bin/sh
         case " $* " in
-          *prefetch-link.so*) {EMPTY_LINKS[what]} ;;
+          *prefetch-link.so*) {first} ;;
         esac
         exec "{cxx.path}" "$@"
         """))
@@ -103,7 +103,7 @@ def _empty_link(tmp_path, monkeypatch, cxx, what: str) -> None:
 
 @pytest.fixture
 def slow_empty_link(tmp_path, monkeypatch, cxx):
-    _empty_link(tmp_path, monkeypatch, cxx, "slow")
+    _empty_link(tmp_path, monkeypatch, cxx, EMPTY_LINKS["slow"])
 
 
 def _sleepers() -> list[str]:
@@ -145,16 +145,7 @@ def test_a_program_the_empty_link_leaves_holding_its_output_does_not_hold_up_the
     # head start's session reaches it) holding the trace's pipe: the build waits for the head
     # start's thread a bounded time, then goes on without it and hashes the inputs itself.
     pidfile = tmp_path / "holder.pid"
-    script = tmp_path / "cxx-leaves-a-holder.sh"
-    script.write_text(textwrap.dedent(f"""\
-        #!/bin/sh
-        case " $* " in
-          *prefetch-link.so*) setsid sh -c 'echo $$ > "{pidfile}"; exec sleep 47.25' & ;;
-        esac
-        exec "{cxx.path}" "$@"
-        """))
-    script.chmod(0o755)
-    monkeypatch.setenv("CXX", str(script))
+    _empty_link(tmp_path, monkeypatch, cxx, f"""setsid sh -c 'echo $$ > "{pidfile}"; exec sleep 47.25' &""")
     try:
         t0 = time.monotonic()
         proc = run_py(BUILD % "7", env={"STUBCACHE_TEST_CXX_SLEEP": "2"}, timeout=40)
@@ -173,7 +164,7 @@ def test_a_program_the_empty_link_leaves_holding_its_output_does_not_hold_up_the
 @pytest.mark.parametrize("what", ["leaves a program", "odd trace"])
 def test_an_empty_link_that_misbehaves_neither_fails_nor_outlives_the_build(cache_root, cxx, tmp_path, monkeypatch,
                                                                              what):
-    _empty_link(tmp_path, monkeypatch, cxx, what)
+    _empty_link(tmp_path, monkeypatch, cxx, EMPTY_LINKS[what])
     t0 = time.monotonic()
     proc = run_py(BUILD % "7", env={"STUBCACHE_TEST_CXX_SLEEP": "2"}, timeout=40)
     assert proc.stdout.split() == ["7"] and time.monotonic() - t0 < 30, proc.stderr
