@@ -117,9 +117,13 @@ def load_inline(
     if type(served) is not hit.Miss:
         return served
     try:
+        if served.turn is not None:  # this process serves the call: its compile may begin now
+            from .hit import early
+
+            served.begun = early.begin(name, args)
         from .dropin import compat
 
-        return compat.load_inline_recording(served.digest, args, served.since)
+        return compat.load_inline_recording(served.digest, args, served.since, served.take_begun())
     finally:
         served.release()
 

@@ -44,7 +44,7 @@ CORE_FILES = (
     "test_remote_hostile.py", "test_remote_fetch.py", "test_fsroot_trees.py", "test_private_interfaces.py",
     "test_resource_leaks.py", "test_layering.py", "test_settings.py", "test_evict.py", "test_first_hour.py",
     "test_hit_records.py", "test_probe_memo.py", "test_results.py", "test_depfile_parse.py", "test_loadcheck.py",
-    "test_import_path.py", "test_toolchain_probe.py", "test_link_prefetch.py",
+    "test_import_path.py", "test_toolchain_probe.py", "test_link_prefetch.py", "test_early_start.py",
 )
 
 

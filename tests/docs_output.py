@@ -202,8 +202,11 @@ def ops_phases(s: Session) -> None:
         """)
     (s.tmp / "phases.py").write_text(code)
     state = {"XDG_STATE_HOME": str(s.tmp / "state")}
-    s.sh("python -c 'import stubcache; stubcache.load_inline(\"other\", \"int g() { return 2; }\", "
-         "is_python_module=False, no_implicit_headers=True)'", show=False, **state)  # a host that has built before
+    # A host and a root that have built before, from a script beside it (the same sys.path: the
+    # same environment, so its start template applies)
+    (s.tmp / "other.py").write_text('import stubcache\nstubcache.load_inline("other", "int g() { return 2; }", '
+                                    'is_python_module=False, no_implicit_headers=True)\n')
+    s.sh("python other.py", show=False, **state)
     s.sh("cat phases.py")
     s.sh("python phases.py", **state)
 

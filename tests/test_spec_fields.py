@@ -266,7 +266,7 @@ def test_dropin_forwards_every_torch_field(monkeypatch):
     class Unpublished:
         published = False
 
-    def capture(spec, verbose, name=None, call=None, build_directory=None, since=None):
+    def capture(spec, verbose, name=None, call=None, build_directory=None, since=None, begun=None):
         seen.append((spec, call))
         return Unpublished(), None
 

@@ -22,6 +22,7 @@ import time
 from ..edge import log, progress
 from . import buildinputs, loadcheck, prefetch
 from ..edge.errors import BuildError
+from ..hit.early import DIR_SLOT, NAME_SLOT, stop_session
 from ..key.fingerprint import torch_dir
 from ..key import tracking
 from ..key import FIELDS, PASS, StubSpec
@@ -129,33 +130,36 @@ def direct_command(spec: StubSpec, source: str, output: str, depfile: str,
     return cmd + buildinputs.extra_link_flags(compiler)
 
 
+def start_template(compiler: dict[str, Any]) -> list[str]:
+    """The direct command of a stub with no flags, its name and build directory left as the
+    slots of :mod:`stubcache.hit.early` (a start template's command: pure, given ``compiler``)."""
+    # (DIR_SLOT is no path, so its real path is itself: its prefix map is the one PREFIX_SLOT word)
+    return _command_in(StubSpec(NAME_SLOT, "", no_implicit_headers=True), DIR_SLOT, compiler,
+                       buildinputs.python_include_early())
+
+
 class Started:
     """A direct compile begun by :func:`start_direct` before its build was decided on: ``cmd``
     run in ``build_dir`` (in its own session: :meth:`stop` ends the driver and every program it
-    started) since ``started_ns``; ``staging``: the caller's directory around ``build_dir``."""
+    started) since ``started_ns``; ``staging``: the caller's directory around ``build_dir``;
+    ``origin``: when it began, as the build's log line says (also the compact path's, begun
+    before the lookup: :mod:`stubcache.hit.early`)."""
 
-    __slots__ = ("proc", "cmd", "build_dir", "started_ns", "staging")
+    __slots__ = ("proc", "cmd", "build_dir", "started_ns", "staging", "origin")
 
     def __init__(self, proc: subprocess.Popen[bytes], cmd: list[str], build_dir: str, started_ns: int,
-                 staging: str | None = None) -> None:
+                 staging: str | None = None, origin: str = "started while the toolchain was probed") -> None:
         self.proc = proc
         self.cmd = cmd
         self.build_dir = build_dir
         self.started_ns = started_ns
         self.staging = staging
+        self.origin = origin
 
     def stop(self) -> None:
         """Kill the compile (the driver's whole session, so no cc1plus, as or ld it started keeps
         writing in ``build_dir``) and reap it."""
-        if self.proc.poll() is None:  # (not reaped: its pid, the session's id, is still its own)
-            import signal
-
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
-        if self.proc.returncode is None or self.proc.stdout is not None and not self.proc.stdout.closed:
-            self.proc.communicate()
+        stop_session(self.proc)
 
 
 def start_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any]) -> Started:
@@ -192,7 +196,7 @@ def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any], mean
     early = buildinputs.python_include_early()
     if started is not None and started.build_dir == build_dir and started.cmd == _command_in(spec, build_dir, compiler, early):
         cmd, proc, stop = started.cmd, started.proc, started.stop
-        log.debug("stubcache: %s: compiling (direct build, started while the toolchain was probed)", spec.name)
+        log.debug("stubcache: %s: compiling (direct build, %s)", spec.name, started.origin)
     else:
         if started is not None:
             started.stop()

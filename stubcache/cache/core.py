@@ -22,7 +22,7 @@ from ..storage.manifest import MANIFEST_NAME, Manifest, __version__
 from ..storage.mapped import check_mapped
 from ..key import StubSpec
 from ..key.inputs import CLOCK_SLACK_NS, absent_paths, still_valid
-from ..storage.store import LAYOUT, Store, default_root, file_sha256, inputs_memo_name, write_hit_record
+from ..storage.store import LAYOUT, Store, default_root, file_sha256, inputs_memo_name, write_hit_record, write_state_file
 from ..storage.trust import TrustPolicy, check_dir, loader_policy, private_policy
 
 TYPE_CHECKING = False  # typing is not imported on the hit path
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from typing import Any, Callable
 
     from ..build.builder import BuildResult, Started
+    from ..hit.early import Begun
     from ..remote.config import RemoteConfig
     from ..remote.tier import Claim, Fetched, RemoteTier
     from ..storage.locking import Lock
@@ -350,16 +351,23 @@ class CacheCore:
         """
         return self.get_or_build_since(spec, None)
 
-    def get_or_build_since(self, spec: StubSpec, since: float | None) -> Entry:
+    def get_or_build_since(self, spec: StubSpec, since: float | None, begun: Begun | None = None) -> Entry:
         """:meth:`get_or_build` for a caller that has been waiting for this request since
         ``since`` (a ``time.time()``; :class:`stubcache.hit.front.StubCache` waits for another
         process serving the same request): that time counts against the lock timeout, and a
-        build failure recorded since then is raised, not built again (invariants 8 and 11)."""
+        build failure recorded since then is raised, not built again (invariants 8 and 11).
+        ``begun``: this request's compile, begun by the compact path (:mod:`stubcache.hit.early`):
+        a miss's build takes it over if it is that build's command, and it is stopped otherwise."""
         if not isinstance(spec, StubSpec):
+            if begun is not None:
+                begun.discard()
             raise TypeError(f"get_or_build expects a StubSpec, got {type(spec).__name__}")
         made: list[Speculation] = []  # (made only where the fingerprint is computed: see _fingerprint)
+        handed = self._handed(spec, begun) if begun is not None else None
 
         def probing() -> Speculation | None:
+            if handed is not None:
+                return None  # the compile has begun already
             speculation = self._speculation(spec)
             if speculation is not None:
                 made.append(speculation)
@@ -375,7 +383,7 @@ class CacheCore:
                 memo = self._memo.get(base)
                 if memo is not None:
                     return memo
-            speculation = made[0] if made else None
+            speculation = made[0] if made else handed
             key_lock = self._key_lock(base)  # threads of this process: one build per key, others proceed
             if not key_lock.acquire(blocking=False):
                 if speculation is not None:
@@ -388,6 +396,8 @@ class CacheCore:
         finally:
             for speculation in made:
                 speculation.discard()
+            if handed is not None:
+                handed.discard()
         if self._cap_pending:  # after a publish, with every lock released; never after a hit
             self._cap_pending = False
             start_size_cap(self.store)
@@ -576,19 +586,82 @@ class CacheCore:
 
     # --- get_or_build, step by step: look up, wait, look again, build, publish; or degrade ------
 
+    def _handed(self, spec: StubSpec, begun: Begun) -> Speculation | None:
+        """``begun`` as a :class:`Speculation` this call's build may take over: the source it
+        compiles is ``spec``'s, and ``spec`` is one whose compile may begin before its key is
+        known (:meth:`_may_begin`); else (or if the compile was taken or stopped already) it is
+        stopped and ``None`` returned."""
+        try:
+            fits = begun.source == "\n".join(spec.cpp_sources) and self._may_begin(spec)
+        except BaseException:
+            begun.discard()
+            raise
+        proc = begun.take() if fits else None
+        if proc is None:
+            begun.discard()
+            return None
+        speculation = Speculation(self, spec)
+        speculation.tried = True  # (nothing to start: this is its compile)
+        try:
+            from ..build.builder import Started
+            from ..hit.early import ORIGIN
+
+            speculation.started = Started(proc, begun.cmd, begun.build_dir, begun.started_ns, begun.staging, ORIGIN)
+        except BaseException:
+            begun.proc = proc
+            begun.discard()
+            raise
+        return speculation
+
+    def _leave_start_template(self) -> None:
+        """After a direct build: this environment's start template in a private root, from which
+        the next process's first call of a plain stub new here starts its compile before the
+        lookup (:mod:`stubcache.hit.early`). Never fails the build: a template is only a shortcut."""
+        policy = self._policies.get(self.root)
+        if (policy is None or policy.shared or not self.store.ready or self.seeds or self._remote_config is not None
+                or self.fingerprint.read_only):
+            return
+        try:
+            from ..build.builder import start_template
+            from ..hit import early
+            from ..key.fingerprint import KEY_ENV_VARS, torch_dir
+
+            digest = early.template_digest()
+            if digest is None:
+                return
+            template = early.StartTemplate(start_template(self.fingerprint.compiler_facts()),
+                                           [[n, os.environ.get(n)] for n in KEY_ENV_VARS], torch_dir()).to_dict()
+            state_fd = hit.open_state(self.root)
+            if state_fd is None:
+                return
+            try:
+                there = early.read_template(state_fd, digest)
+            finally:
+                os.close(state_fd)
+            if there is None or there.to_dict() != template:  # (a write costs a file and a rename)
+                write_state_file(self.root, early.template_name(digest), template)
+        except Exception as exc:  # noqa: BLE001 - a missing shortcut must not fail a build
+            log.logger().debug("stubcache: no start template: %r", exc)
+
+    def _may_begin(self, spec: StubSpec) -> bool:
+        """Whether ``spec``'s compile may begin before its key is known (see :class:`Speculation`
+        and :mod:`stubcache.hit.early`): a plain direct build in a root that builds (no seeds,
+        fleet or ``STUBCACHE_REQUIRE_HIT``, which may not build here)."""
+        if (spec.build_method != "direct" or spec.cuda_sources or spec.effective_with_cuda or spec.host_targets
+                or spec.tool_flags or self.seeds or self._remote_config is not None or self.fingerprint.read_only):
+            return False
+        try:
+            return not settings.require_hit()
+        except StubCacheError:
+            return False  # the lookup reports it
+
     def _speculation(self, spec: StubSpec) -> Speculation | None:
         """Where a probe of the compiler may run before ``spec``'s key is known (a fresh host),
         the compile that a miss would run can start as soon as the probe knows the command
         (:class:`Speculation`): for a plain direct build in a root that builds (no seeds, fleet or
         ``STUBCACHE_REQUIRE_HIT``, which may not build here)."""
-        if (spec.build_method != "direct" or spec.cuda_sources or spec.effective_with_cuda or spec.host_targets
-                or spec.tool_flags or self.seeds or self._remote_config is not None or self.fingerprint.read_only):
+        if not self._may_begin(spec):
             return None
-        try:
-            if settings.require_hit():
-                return None
-        except StubCacheError:
-            return None  # the lookup reports it
         try:
             # Asked again when the probe has the facts; asked now too, because a probe with a
             # compile to start defers its hashes until it has started (key.toolchain).
@@ -1026,6 +1099,8 @@ class CacheCore:
             self._publish(staged_entry, manifest)
             faults.point("after_publish")
             log.debug("stubcache: %s: published as %s", spec.name, manifest.key)
+            if result.method == "direct":
+                self._leave_start_template()
             self._event(Event.BUILD, manifest.key, result.seconds, name=spec.name, method=result.method)
             return self._find_published(spec, base, manifest.key)
         finally:

@@ -22,6 +22,8 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path
 if TYPE_CHECKING:
     from typing import Any, Sequence
 
+    from ..hit.early import Begun
+
 
 _caches: dict[str, StubCache] = {}
 _modules: dict[tuple[Any, ...], Any] = {}
@@ -134,14 +136,25 @@ def _import_placed(cache: StubCache, entry: Entry, is_python_module: bool, build
     return result
 
 
-def load_inline_recording(record: str | None, args: dict[str, Any], since: float | None = None) -> Any:
+def load_inline_recording(record: str | None, args: dict[str, Any], since: float | None = None,
+                          begun: Begun | None = None) -> Any:
     """The full path of :func:`stubcache.load_inline` (the public drop-in, documented there),
     taken when no hit record answers the call; ``args`` are its arguments by name. With ``record`` (a digest from
     :func:`stubcache.hit.request_digest`), a hit record is left for that call where the
     entry qualifies (see :meth:`StubCache.remember_hit`), so the next process's identical call
     takes the compact hit path (:func:`stubcache.hit.dropin_call`). ``since``: when the caller
     began waiting for another process serving the same call (see
-    :meth:`stubcache.cache.core.CacheCore.get_or_build_since`)."""
+    :meth:`stubcache.cache.core.CacheCore.get_or_build_since`). ``begun``: the call's compile,
+    begun by the compact path (:mod:`stubcache.hit.early`): taken over by the build if it is that
+    build's, else stopped."""
+    try:
+        return _load_inline_recording(record, args, since, begun)
+    finally:
+        if begun is not None:
+            begun.discard()  # (nothing if the build took it)
+
+
+def _load_inline_recording(record: str | None, args: dict[str, Any], since: float | None, begun: Begun | None) -> Any:
     _unsupported(sycl_sources=args["sycl_sources"], extra_sycl_cflags=args["extra_sycl_cflags"],
                  with_sycl=args["with_sycl"], gil_not_used=args["gil_not_used"])
     args = dict(args, functions=_functions_like_torch(args["functions"]))
@@ -169,7 +182,7 @@ def load_inline_recording(record: str | None, args: dict[str, Any], since: float
     fields = {f: args[f] for f in _FORWARDED}
     fields["no_implicit_headers"] = bool(args["no_implicit_headers"])  # torch's False keeps the headers; None would decide
     spec = StubSpec(module_name, **fields)
-    entry, result = _get_and_import(spec, args["verbose"], name, call, build_directory, since)
+    entry, result = _get_and_import(spec, args["verbose"], name, call, build_directory, since, begun)
     if memo_key is not None and build_directory is None and entry.published and not spec.tracks_headers:
         _call_memo[memo_key] = result
     if record is not None and module_name == name:
@@ -205,10 +218,11 @@ def _verbose_scope(verbose: bool) -> Any:
 
 
 def _get_and_import(spec: StubSpec, verbose: bool, name: Any = None, call: Any = None,
-                    build_directory: Any = None, since: float | None = None) -> tuple[Entry, Any]:
+                    build_directory: Any = None, since: float | None = None,
+                    begun: Begun | None = None) -> tuple[Entry, Any]:
     cache = default_cache()
     with _verbose_scope(verbose):
-        entry = cache.get_or_build(spec) if since is None else cache.get_or_build_since(spec, since)
+        entry = cache.get_or_build(spec) if since is None else cache.get_or_build_since(spec, since, begun)
         while spec.is_python_module and isinstance(name, str):
             with versions_lock:
                 prev = _imported.setdefault(spec.name, entry.key)

@@ -60,6 +60,8 @@ if TYPE_CHECKING:
     from ctypes import CDLL
     from typing import Any
 
+    from .early import Begun
+
 LAYOUT = "v1"  # the layout directory under a root (stubcache.storage.store imports it from here)
 RECORD_FORMAT = 4  # 4: signatures hold the ctime; 3: shadow rows may name ANY_PTH; 2: the key's modules moved
 DROPIN_MARK = "__stubcache_dropin__"  # an attribute set on the drop-ins (stubcache.build.torchjit)
@@ -137,7 +139,7 @@ def private_ok(st: os.stat_result) -> bool:
             and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
 
 
-def _loads(data: bytes) -> object:
+def load_json_bytes(data: bytes) -> object:
     json = sys.modules.get("json")
     if json is not None:
         return json.loads(data)
@@ -364,20 +366,25 @@ def open_private_dir_at(dfd: int, name: str) -> int:
 
 
 def read_record(state_fd: int, digest: str) -> HitRecord | None:
-    # The record for ``digest`` in the ``state/`` directory open as ``state_fd``: a regular
-    # file owned by this user or root, writable by no one else, at most ``RECORD_CAP`` bytes.
+    # The record for ``digest`` in the ``state/`` directory open as ``state_fd`` (see read_private).
+    return HitRecord.from_dict(read_private(state_fd, record_name(digest), RECORD_CAP))
+
+
+def read_private(state_fd: int, name: str, cap: int) -> object:
+    # The JSON in ``name`` below ``state_fd`` if that is a regular file (not a link) owned by this
+    # user or root, writable by no one else, at most ``cap`` bytes, else ``None``.
     try:
-        fd = os.open(record_name(digest), O_READ, dir_fd=state_fd)
+        fd = os.open(name, O_READ, dir_fd=state_fd)
     except OSError:
         return None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or not private_ok(st) or st.st_size > RECORD_CAP:
+        if not stat.S_ISREG(st.st_mode) or not private_ok(st) or st.st_size > cap:
             return None
         data = os.pread(fd, st.st_size + 1, 0)  # sized to the file: a 1 MiB buffer costs 50 us
         if len(data) != st.st_size:
             return None  # changed while read: the full path
-        return HitRecord.from_dict(_loads(data))
+        return load_json_bytes(data)
     except (OSError, ValueError, TypeError, RecursionError, UnicodeDecodeError):
         return None
     finally:
@@ -393,11 +400,10 @@ def _still_holds(record: HitRecord) -> bool:
         return False
 
 
-def _unchanged(record: HitRecord) -> bool:
-    if not torch_is(record.torch):
-        return False
+def env_holds(env: list[Any]) -> bool:
+    # Whether each (name, value or None for unset) row of ``env`` is this process's environment.
     data = os.environ._data  # type: ignore[attr-defined]  # (request_digest checked it exists)
-    for name, value in record.env:
+    for name, value in env:
         # os.environ's own encoding of names and values (os.fsencode's, without its call)
         raw = data.get(name.encode(_FS_ENCODING, "surrogateescape")) if type(name) is str else False
         if raw is None:
@@ -405,6 +411,12 @@ def _unchanged(record: HitRecord) -> bool:
                 return False
         elif type(value) is not str or raw != value.encode(_FS_ENCODING, "surrogateescape"):
             return False
+    return True
+
+
+def _unchanged(record: HitRecord) -> bool:
+    if not torch_is(record.torch) or not env_holds(record.env):
+        return False
     stat_ = os.stat
     seen: dict[str, Any] = {}  # path -> its stat (None: absent), for a shadow row of the same directory
     for path, want in record.validators:
@@ -928,17 +940,31 @@ class Miss:
     # CacheCore.get_or_build_since), ``turn`` the request lock it holds (see request_turn),
     # closed by :meth:`release` once the record is there or cannot be: the next process's turn.
 
-    __slots__ = ("digest", "since", "turn")
+    # ``begun``: the compile this process began for it (stubcache.hit.early.begin, asked by the
+    # drop-in's front where the process holds the turn), for the full path to take over
+    # (take_begun) or, left here, stopped by :meth:`release`.
+
+    __slots__ = ("digest", "since", "turn", "begun")
 
     def __init__(self, digest: str | None = None, since: float | None = None, turn: int | None = None) -> None:
         self.digest = digest
         self.since = since
         self.turn = turn
+        self.begun: Begun | None = None
+
+    def take_begun(self) -> Begun | None:
+        begun, self.begun = self.begun, None
+        return begun
 
     def release(self) -> None:
         turn, self.turn = self.turn, None
-        if turn is not None:
-            os.close(turn)
+        begun, self.begun = self.begun, None
+        try:
+            if begun is not None:
+                begun.discard()
+        finally:
+            if turn is not None:
+                os.close(turn)
 
 
 def serve(root: str, digest: str, make_root: bool = False) -> tuple[Hit | None, Miss]:

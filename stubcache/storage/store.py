@@ -583,12 +583,19 @@ def write_hit_record(root: str, digest: str, record: HitRecord) -> None:
     """Write ``record`` for ``digest`` under ``root``'s ``state/`` (atomically, mode ``0600``),
     for :mod:`stubcache.hit` to read. Best-effort: a root that cannot take it just keeps
     taking the full path."""
+    write_state_file(root, record_name(digest), record.to_dict())
+
+
+def write_state_file(root: str, name: str, data: dict[str, Any]) -> None:
+    """Write ``data`` as ``root``'s ``state/<name>`` (atomically, mode ``0600``) if ``root`` is
+    one the compact path acts in (:func:`stubcache.hit.open_state`): a hit record, a start
+    template (:mod:`stubcache.hit.early`). Best-effort: never raises ``OSError``."""
     try:
         state_fd = open_state(root)
         if state_fd is None:
             return  # not a root the compact path acts in
         try:
-            locking.write_file(state_fd, record_name(digest), json.dumps(record.to_dict()).encode(), mode=0o600)
+            locking.write_file(state_fd, name, json.dumps(data).encode(), mode=0o600)
         finally:
             os.close(state_fd)
     except (OSError, ValueError):

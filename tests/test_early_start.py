@@ -1,0 +1,201 @@
+"""A miss's compile begun by the compact path before the full path is imported
+(stubcache.hit.early), in real processes with the real compiler: a new plain stub in a root that
+has built starts compiling before its lookup and that compile is the build; one the lookup does
+not need, or whose command is not the build's, is stopped with every program it started; a
+start template is trusted as a hit record is, and read only where a miss may build."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import run_py
+
+CALL = """
+import ctypes, logging, stubcache
+handler = logging.StreamHandler()
+handler.setFormatter(logging.Formatter("%%(message)s"))
+logging.getLogger("stubcache").addHandler(handler)
+logging.getLogger("stubcache").setLevel(logging.DEBUG)
+path = stubcache.load_inline(%r, 'extern "C" int v(void) { return %s; }', is_python_module=False,
+                             no_implicit_headers=True%s)
+print(ctypes.CDLL(path).v())
+"""
+EARLY = "compiling (direct build, started before the lookup)"
+# The sleep's argument names this test process's sleepers: CI runs two test sessions side by side.
+SLEEP = f"47.{os.getpid() % 10000:04d}1"
+
+
+def _call(name: str, value: int, extra: str = "", env: dict | None = None, check: bool = True):
+    return run_py(CALL % (name, value, extra), env=env, check=check)
+
+
+def _template(root: Path) -> Path:
+    (path,) = (root / "v1" / "state").glob("start-*.json")
+    return path
+
+
+def _staging(root: Path) -> list[str]:
+    d = root / "v1" / "staging"
+    return sorted(os.listdir(d)) if d.exists() else []
+
+
+def _sleepers() -> list[int]:
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cmdline[:1] == [b"sleep"] and SLEEP.encode() in cmdline:
+            found.append(int(pid))
+    return found
+
+
+def test_a_new_plain_stub_in_a_root_that_has_built_compiles_before_its_lookup(cache_root, cxx):
+    assert _call("first", 1).stdout.split() == ["1"]
+    template = json.loads(_template(cache_root).read_text())
+    assert template["format"] == 1 and template["cmd"][0] == str(cxx.path)
+    proc = _call("second", 2)
+    assert proc.stdout.split() == ["2"]
+    assert EARLY in proc.stderr, proc.stderr
+    assert cxx.compiles() == 2  # the early compile is the build: no second one
+    assert _staging(cache_root) == []
+    # ... and what it built is an entry like any other: the next process hits it.
+    again = _call("second", 2)
+    assert again.stdout.split() == ["2"] and "compiling" not in again.stderr and cxx.compiles() == 2
+
+
+def test_an_early_compile_the_lookup_does_not_need_is_stopped_whole(cache_root, cxx):
+    # The entry is there but the call's hit record is not (removed): the compact path starts the
+    # compile, the lookup finds the entry by key, and the compile (sleeping in the wrapper, in
+    # the driver's session) is killed whole; the process does not wait for it.
+    assert _call("kept", 3).stdout.split() == ["3"]
+    for record in (cache_root / "v1" / "state").glob("hit-*.json"):
+        record.unlink()
+    t0 = time.monotonic()
+    proc = _call("kept", 3, env={"STUBCACHE_TEST_CXX_SLEEP": SLEEP})
+    assert time.monotonic() - t0 < 30
+    assert proc.stdout.split() == ["3"] and "compiling" not in proc.stderr, proc.stderr
+    assert cxx.compiles() == 2  # it did start (the wrapper logged it) ...
+    assert _sleepers() == []  # ... and nothing it started outlives the call
+    assert _staging(cache_root) == []
+
+
+def test_an_early_compile_whose_command_is_not_the_builds_is_stopped_and_the_build_runs(cache_root, cxx):
+    assert _call("first", 1).stdout.split() == ["1"]
+    path = _template(cache_root)
+    data = json.loads(path.read_text())
+    data["cmd"].append("-DSTUBCACHE_TEST_OTHER=1")  # a command the build would not run
+    path.write_text(json.dumps(data))
+    proc = _call("second", 2)
+    assert proc.stdout.split() == ["2"]
+    assert EARLY not in proc.stderr and "compiling (direct build)" in proc.stderr, proc.stderr
+    assert cxx.compiles() == 3  # the early compile, stopped, and the build's own
+    assert _staging(cache_root) == []
+
+
+def _marker_template(path: Path, marker: Path) -> dict:
+    # A template whose "compiler" leaves a marker: whether it ran at all.
+    data = json.loads(path.read_text())
+    data["cmd"] = ["/bin/sh", "-c", f": > {marker}"]
+    return data
+
+
+@pytest.mark.parametrize("how", ["private", "group-writable", "symlink", "fifo", "garbage", "huge", "not-a-list"])
+def test_a_template_is_trusted_as_a_hit_record_is(cache_root, cxx, tmp_path, how):
+    assert _call("first", 1).stdout.split() == ["1"]
+    path = _template(cache_root)
+    marker = tmp_path / "ran"
+    data = _marker_template(path, marker)
+    text = json.dumps(data)
+    path.unlink()
+    if how == "symlink":
+        elsewhere = tmp_path / "template.json"
+        elsewhere.write_text(text)
+        elsewhere.chmod(0o600)
+        path.symlink_to(elsewhere)
+    elif how == "fifo":
+        os.mkfifo(path, 0o600)
+    else:
+        if how == "garbage":
+            text = text[:-3]
+        elif how == "huge":
+            text = json.dumps(dict(data, pad="x" * (70 << 10)))
+        elif how == "not-a-list":
+            text = json.dumps(dict(data, cmd={"argv": data["cmd"]}))
+        path.write_text(text)  # "private" (the control: a template this user wrote is run)
+        path.chmod(0o664 if how == "group-writable" else 0o600)
+    proc = _call("second", 2)
+    assert proc.stdout.split() == ["2"] and "compiling (direct build)" in proc.stderr, proc.stderr
+    assert marker.exists() == (how == "private"), how
+    assert _staging(cache_root) == []
+
+
+@pytest.mark.parametrize("case", ["require-hit", "flags"])
+def test_no_early_compile_where_a_miss_may_not_build_or_the_call_is_not_plain(cache_root, cxx, tmp_path, case):
+    assert _call("first", 1).stdout.split() == ["1"]
+    path = _template(cache_root)
+    marker = tmp_path / "ran"
+    path.write_text(json.dumps(_marker_template(path, marker)))
+    if case == "require-hit":
+        proc = _call("second", 2, env={"STUBCACHE_REQUIRE_HIT": "1"}, check=False)
+        assert proc.returncode != 0 and "CacheMissError" in proc.stderr, proc.stderr
+    else:
+        assert _call("second", 2, ", extra_cflags=['-O1']").stdout.split() == ["2"]
+    assert not marker.exists(), case
+    assert _staging(cache_root) == []
+
+
+def test_only_a_plain_calls_source_is_compiled_early():
+    from stubcache.hit.early import plain_source
+
+    call = dict(name="s", cpp_sources=["int a;", "int b;"], cuda_sources=None, functions=None, extra_cflags=None,
+                extra_cuda_cflags=None, extra_ldflags=None, extra_include_paths=None, with_cuda=None,
+                no_implicit_headers=True)
+    assert plain_source(call) == "int a;\nint b;"  # main.cpp, as the build writes it
+    assert plain_source(dict(call, cpp_sources="int a;")) == "int a;"
+    for change in ({"no_implicit_headers": None}, {"no_implicit_headers": False}, {"functions": ["f"]},
+                   {"extra_cflags": ["-O1"]}, {"extra_ldflags": ["-lm"]}, {"extra_include_paths": ["/x"]},
+                   {"cuda_sources": ["x"]}, {"with_cuda": True}, {"cpp_sources": []}, {"cpp_sources": [3]},
+                   {"cpp_sources": ["int \u00e9;"]}, {"cpp_sources": ["// uses at::Tensor\n"]},
+                   {"cpp_sources": ["#include <torch/all.h>\n"]}):
+        assert plain_source(dict(call, **change)) is None, change
+
+
+def test_a_templates_command_is_the_builds_own(tmp_path):
+    # For a build directory named through a symlink too (its prefix map then has both names).
+    from stubcache.build import buildinputs, builder
+    from stubcache.hit.early import StartTemplate
+    from stubcache.key import StubSpec
+
+    facts = buildinputs.compiler_facts()
+    template = StartTemplate.from_dict(StartTemplate(builder.start_template(facts), [], None).to_dict())
+    assert template is not None
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    spec = StubSpec("plain_stub", 'extern "C" int v(void) { return 1; }', no_implicit_headers=True)
+    for build_dir in (str(real), str(tmp_path / "link")):
+        want = builder._command_in(spec, build_dir, facts, buildinputs.python_include_early())
+        assert template.command("plain_stub", build_dir) == want
+    assert len([w for w in template.command("plain_stub", str(tmp_path / "link")) if "prefix-map" in w]) == 2
+
+
+@pytest.mark.parametrize("data", [
+    None, [], {"format": 2, "cmd": ["c++"], "env": [], "torch": None},
+    {"format": 1, "cmd": [], "env": [], "torch": None},
+    {"format": 1, "cmd": ["c++", 3], "env": [], "torch": None},
+    {"format": 1, "cmd": ["c++", "a\0b"], "env": [], "torch": None},
+    {"format": 1, "cmd": ["c++"] * 300, "env": [], "torch": None},
+    {"format": 1, "cmd": ["c++"], "env": [["CXX"]], "torch": None},
+    {"format": 1, "cmd": ["c++"], "env": [], "torch": 3},
+])
+def test_a_malformed_template_is_refused(data):
+    from stubcache.hit.early import StartTemplate
+
+    assert StartTemplate.from_dict(data) is None
