@@ -120,7 +120,7 @@ def load_inline(
         if served.turn is not None:  # this process serves the call: its compile may begin now
             from .hit import early
 
-            served.begun = early.begin(name, args)
+            early.begin(name, args, served)
         from .dropin import compat
 
         return compat.load_inline_recording(served.digest, args, served.since, served.take_begun())

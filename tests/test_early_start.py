@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import textwrap
 import time
 from pathlib import Path
 
@@ -16,7 +17,8 @@ import pytest
 from .conftest import run_py
 
 CALL = """
-import ctypes, logging, stubcache
+import ctypes, logging, os, stubcache
+%s
 handler = logging.StreamHandler()
 handler.setFormatter(logging.Formatter("%%(message)s"))
 logging.getLogger("stubcache").addHandler(handler)
@@ -30,8 +32,23 @@ EARLY = "compiling (direct build, started before the lookup)"
 SLEEP = f"47.{os.getpid() % 10000:04d}1"
 
 
-def _call(name: str, value: int, extra: str = "", env: dict | None = None, check: bool = True):
-    return run_py(CALL % (name, value, extra), env=env, check=check)
+# Holds the full path back until the compile the compact path began has started (the CXX wrapper
+# made STUBCACHE_TEST_CXX_MARK): whatever the full path then does to it, it had begun.
+AFTER_THE_START = """
+import time
+from stubcache.dropin import compat
+_full_path = compat.load_inline_recording
+def _after_the_start(*a, **k):
+    t = time.monotonic()
+    while not os.path.exists(os.environ["STUBCACHE_TEST_CXX_MARK"]) and time.monotonic() - t < 60:
+        time.sleep(0.01)
+    return _full_path(*a, **k)
+compat.load_inline_recording = _after_the_start
+"""
+
+
+def _call(name: str, value: int, extra: str = "", env: dict | None = None, check: bool = True, pre: str = ""):
+    return run_py(CALL % (pre, name, value, extra), env=env, check=check)
 
 
 def _template(root: Path) -> Path:
@@ -70,7 +87,7 @@ def test_a_new_plain_stub_in_a_root_that_has_built_compiles_before_its_lookup(ca
     assert again.stdout.split() == ["2"] and "compiling" not in again.stderr and cxx.compiles() == 2
 
 
-def test_an_early_compile_the_lookup_does_not_need_is_stopped_whole(cache_root, cxx):
+def test_an_early_compile_the_lookup_does_not_need_is_stopped_whole(cache_root, cxx, tmp_path):
     # The entry is there but the call's hit record is not (removed): the compact path starts the
     # compile, the lookup finds the entry by key, and the compile (sleeping in the wrapper, in
     # the driver's session) is killed whole; the process does not wait for it.
@@ -78,7 +95,8 @@ def test_an_early_compile_the_lookup_does_not_need_is_stopped_whole(cache_root, 
     for record in (cache_root / "v1" / "state").glob("hit-*.json"):
         record.unlink()
     t0 = time.monotonic()
-    proc = _call("kept", 3, env={"STUBCACHE_TEST_CXX_SLEEP": SLEEP})
+    proc = _call("kept", 3, env={"STUBCACHE_TEST_CXX_SLEEP": SLEEP, "STUBCACHE_TEST_CXX_MARK": str(tmp_path / "m")},
+                 pre=AFTER_THE_START)
     assert time.monotonic() - t0 < 30
     assert proc.stdout.split() == ["3"] and "compiling" not in proc.stderr, proc.stderr
     assert cxx.compiles() == 2  # it did start (the wrapper logged it) ...
@@ -86,16 +104,46 @@ def test_an_early_compile_the_lookup_does_not_need_is_stopped_whole(cache_root, 
     assert _staging(cache_root) == []
 
 
-def test_an_early_compile_whose_command_is_not_the_builds_is_stopped_and_the_build_runs(cache_root, cxx):
+def test_an_early_compile_whose_command_is_not_the_builds_is_stopped_and_the_build_runs(cache_root, cxx, tmp_path):
+    # The template names another program (a wrapper that sleeps, then compiles): the full path
+    # stops it, with what it started, and builds with its own command in a directory emptied of
+    # anything the stopped compile wrote.
     assert _call("first", 1).stdout.split() == ["1"]
     path = _template(cache_root)
+    other = tmp_path / "other-cxx.sh"
+    other.write_text(f"#!/bin/sh\n: > {tmp_path / 'm'}\nsleep {SLEEP}\nexec {cxx.path} \"$@\"\n")
+    other.chmod(0o755)
     data = json.loads(path.read_text())
-    data["cmd"].append("-DSTUBCACHE_TEST_OTHER=1")  # a command the build would not run
+    data["cmd"][0] = str(other)
     path.write_text(json.dumps(data))
-    proc = _call("second", 2)
+    t0 = time.monotonic()
+    proc = _call("second", 2, env={"STUBCACHE_TEST_CXX_MARK": str(tmp_path / "m")}, pre=AFTER_THE_START)
+    assert time.monotonic() - t0 < 30
     assert proc.stdout.split() == ["2"]
     assert EARLY not in proc.stderr and "compiling (direct build)" in proc.stderr, proc.stderr
-    assert cxx.compiles() == 3  # the early compile, stopped, and the build's own
+    assert cxx.compiles() == 2  # the build's own (the other program never reached the wrapper)
+    assert _sleepers() == []
+    assert _staging(cache_root) == []
+
+
+def test_environments_that_differ_in_a_key_variable_keep_a_template_each(cache_root, cxx):
+    # LANG set in one environment and not in the other (a shell and a service): each one's
+    # second stub starts early, whichever built last.
+    with_lang, without = {"LANG": "C.UTF-8"}, {"LANG": ""}
+    assert _call("a1", 1, env=with_lang).stdout.split() == ["1"]
+    assert _call("b1", 1, env=without).stdout.split() == ["1"]
+    assert EARLY in _call("a2", 2, env=with_lang).stderr
+    assert EARLY in _call("b2", 2, env=without).stderr
+    assert len(list((cache_root / "v1" / "state").glob("start-*.json"))) == 2
+
+
+def test_an_early_compile_that_fails_is_the_builds_failure(cache_root, cxx):
+    assert _call("first", 1).stdout.split() == ["1"]
+    code = CALL % ("", "broken", "nope", "")  # 'return nope;': not declared
+    proc = run_py("import stubcache\ntry:\n" + textwrap.indent(code, "    ")
+                  + "\nexcept stubcache.BuildError as e:\n    print('BuildError', e.name, 'nope' in e.output and 'error' in e.output)\n")
+    assert proc.stdout.split() == ["BuildError", "broken", "True"], proc.stdout
+    assert EARLY in proc.stderr, proc.stderr
     assert _staging(cache_root) == []
 
 
@@ -136,7 +184,7 @@ def test_a_template_is_trusted_as_a_hit_record_is(cache_root, cxx, tmp_path, how
     assert _staging(cache_root) == []
 
 
-@pytest.mark.parametrize("case", ["require-hit", "flags"])
+@pytest.mark.parametrize("case", ["require-hit", "flags", "long-name"])
 def test_no_early_compile_where_a_miss_may_not_build_or_the_call_is_not_plain(cache_root, cxx, tmp_path, case):
     assert _call("first", 1).stdout.split() == ["1"]
     path = _template(cache_root)
@@ -145,8 +193,11 @@ def test_no_early_compile_where_a_miss_may_not_build_or_the_call_is_not_plain(ca
     if case == "require-hit":
         proc = _call("second", 2, env={"STUBCACHE_REQUIRE_HIT": "1"}, check=False)
         assert proc.returncode != 0 and "CacheMissError" in proc.stderr, proc.stderr
-    else:
+    elif case == "flags":
         assert _call("second", 2, ", extra_cflags=['-O1']").stdout.split() == ["2"]
+    else:  # an identifier the spec refuses (over 100 characters): nothing runs before it says so
+        proc = _call("n" * 101, 2, check=False)
+        assert proc.returncode != 0 and "invalid stub name" in proc.stderr, proc.stderr
     assert not marker.exists(), case
     assert _staging(cache_root) == []
 

@@ -200,6 +200,8 @@ def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any], mean
     else:
         if started is not None:
             started.stop()
+            if started.build_dir == build_dir:  # its outputs (library, dependency lists) are not this build's
+                _empty(build_dir)
         log.debug("stubcache: %s: compiling (direct build)", spec.name)
         cmd = _direct_setup(spec, build_dir, compiler, early)
         proc = _spawn_compiler(spec, cmd, build_dir)
@@ -239,6 +241,14 @@ def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any], mean
             head_start.stop()
         raise
     return output, text, deps, probe, memo
+
+
+def _empty(directory: str) -> None:
+    # Remove everything in ``directory`` (a build's private directory), never following a link.
+    from ..edge import fsroot
+
+    for name in os.listdir(directory):
+        fsroot.rmtree(os.path.join(directory, name))
 
 
 def _spawn_compiler(spec: StubSpec, cmd: list[str], build_dir: str, own_session: bool = False

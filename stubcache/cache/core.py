@@ -588,11 +588,12 @@ class CacheCore:
 
     def _handed(self, spec: StubSpec, begun: Begun) -> Speculation | None:
         """``begun`` as a :class:`Speculation` this call's build may take over: the source it
-        compiles is ``spec``'s, and ``spec`` is one whose compile may begin before its key is
-        known (:meth:`_may_begin`); else (or if the compile was taken or stopped already) it is
+        compiles is ``spec``'s, its directory is in this store's ``staging/``, and ``spec`` is one
+        whose compile may begin before its key is known (:meth:`_may_begin`); else (or if the compile was taken or stopped already) it is
         stopped and ``None`` returned."""
         try:
-            fits = begun.source == "\n".join(spec.cpp_sources) and self._may_begin(spec)
+            fits = (begun.source == "\n".join(spec.cpp_sources) and self._may_begin(spec)
+                    and os.path.dirname(begun.staging) == os.path.join(self.store.base, "staging"))
         except BaseException:
             begun.discard()
             raise

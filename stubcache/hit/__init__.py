@@ -81,6 +81,20 @@ NEVER_HIT_ATIME_NS = 0  # a pin's atime from publish until its first hit (see St
 KEY_MODULE_FILES = ("key/__init__.py", "key/flagscan.py", "edge/kpath.py", "key/fingerprint.py", "key/toolchain.py",
                     "key/derive.py", "edge/cjson.py", "storage/manifest.py", "dropin/compat.py", "__init__.py",
                     "hit/front.py", "hit/__init__.py")
+# Environment variables that torch's cpp_extension, the compiler drivers (gcc, clang, nvcc) or
+# the linker read when forming or running build commands and that can change the output; the
+# table in docs/cache.md says what each one does. MAX_JOBS, TMPDIR and the diagnostics-only
+# variables are not here: they do not change the library. (Used by the key's fingerprint; kept
+# here because a start template's name holds their values: stubcache.hit.early.)
+KEY_ENV_VARS = (
+    "CXX", "CC", "CUDA_HOME", "CUDA_PATH", "CUDA_INC_PATH", "CUDNN_HOME", "CUDNN_PATH",
+    "ROCM_HOME", "ROCM_PATH", "HIP_HOME", "PYTORCH_ROCM_ARCH", "TORCH_CUDA_ARCH_LIST",
+    "TORCH_XPU_ARCH_LIST", "PYTORCH_NVCC", "NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS", "NVCC_CCBIN",
+    "TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES", "TORCH_NO_COMPILER_WRAPPER",
+    "CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "LIBRARY_PATH", "GCC_EXEC_PREFIX",
+    "COMPILER_PATH", "SOURCE_DATE_EPOCH", "CCC_OVERRIDE_OPTIONS", "LD_RUN_PATH", "GNUTARGET",
+    "LDEMULATION", "LC_ALL", "LC_CTYPE", "LANG",
+)
 _FLAG_VALUES = ("", "0", "1", "true", "false", "yes", "no", "on", "off")  # stubcache.edge.settings' flag words
 # The variables stubcache reads that need the full path (each is validated there, and may change
 # what a hit means). A hit through a record runs under the others: STUBCACHE_DIR (the root it

@@ -23,8 +23,8 @@ from __future__ import annotations
 import os
 import time
 
-from . import (LAYOUT, default_root, env_holds, open_layout, open_private_subdir, open_state, read_private,
-               request_digest, torch_is, versions)
+from . import (KEY_ENV_VARS, LAYOUT, Miss, default_root, env_holds, open_layout, open_private_subdir, open_state,
+               read_private, request_digest, torch_is, versions)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -48,8 +48,11 @@ def template_name(digest: str) -> str:
 
 
 def template_digest() -> str | None:
-    """The digest naming this process's start template (its environment, no request)."""
-    return request_digest("start", ())
+    """The digest naming this process's start template: its environment as a record's digest
+    takes it, and the key variables' values (two environments that differ only there, ``LANG``
+    set or not, keep a template each instead of overwriting one)."""
+    get = os.environ.get
+    return request_digest("start", ([get(name) for name in KEY_ENV_VARS],))
 
 
 class StartTemplate:
@@ -176,35 +179,37 @@ def read_template(state_fd: int, digest: str) -> StartTemplate | None:
     return StartTemplate.from_dict(read_private(state_fd, template_name(digest), TEMPLATE_CAP))
 
 
-def begin(name: str, args: dict[str, Any]) -> Begun | None:
+def begin(name: str, args: dict[str, Any], miss: Miss) -> None:
     """Start the compile of drop-in call ``args`` (stub ``name``) in a new staging directory of
-    the default root, from this environment's start template; ``None`` where none may start or
-    anything is not as expected (the full path then builds as usual). Never raises but for an
-    interrupt."""
-    if name in versions:
-        return None  # loaded in this process already: the full path's memo answers, most likely
+    the default root, from this environment's start template, and hand it to ``miss`` (its
+    ``begun``); nothing where none may start or anything is not as expected (the full path then
+    builds as usual). Never raises but for an interrupt, and leaves nothing running then."""
+    if name in versions or len(name) > 100:  # loaded here already (the full path's memo answers,
+        return  # most likely), or a name the spec refuses
     source = plain_source(args)
     root = default_root()
-    digest = template_digest()
     # (with STUBCACHE_REQUIRE_HIT a miss may not build: the full path raises)
-    if (source is None or root is None or digest is None
+    if (source is None or root is None
             or os.environ.get("STUBCACHE_REQUIRE_HIT", "").strip().lower() in ("1", "true", "yes", "on")):
-        return None
-    staging = None
+        return
+    digest = template_digest()
+    if digest is None:
+        return
+    staging = proc = None
     try:
         state_fd = open_state(root)
         if state_fd is None:
-            return None
+            return
         try:
             template = read_template(state_fd, digest)
         finally:
             os.close(state_fd)
         if template is None or not torch_is(template.torch) or not env_holds(template.env):
-            return None
+            return
         started_ns = time.time_ns()
         base_fd = open_layout(root)
         if base_fd is None:
-            return None
+            return
         try:
             sfd = open_private_subdir(base_fd, "staging", make=True)
         finally:
@@ -232,12 +237,13 @@ def begin(name: str, args: dict[str, Any]) -> Begun | None:
 
         proc = subprocess.Popen(cmd, cwd=build_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 env=dict(os.environ, TMPDIR=build_dir), start_new_session=True)
-    except Exception:  # noqa: BLE001 - only a head start: the full path builds as usual
-        if staging is not None:
-            _remove(staging)
-        return None
-    except BaseException:
-        if staging is not None:
-            _remove(staging)
-        raise
-    return Begun(proc, cmd, build_dir, started_ns, staging, source)
+        miss.begun = Begun(proc, cmd, build_dir, started_ns, staging, source)
+    except BaseException as exc:
+        try:
+            if proc is not None:
+                stop_session(proc)
+        finally:
+            if staging is not None:
+                _remove(staging)
+        if not isinstance(exc, Exception):
+            raise  # an interrupt; anything else only cost the head start

@@ -17,7 +17,7 @@ import threading
 
 from ..edge import cjson
 from hashlib import sha256
-from ..hit import path_sig, torch_is
+from ..hit import KEY_ENV_VARS as KEY_ENV_VARS, path_sig, torch_is
 from .memofile import load_json, write_json
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
@@ -37,19 +37,8 @@ if TYPE_CHECKING:
 FORMAT_VERSION = 4  # 2: real compiler, tracked inputs, needless fields nulled; 3: records without the holes of 2;
 #                    4: separate_units in the spec
 
-# Environment variables that torch's cpp_extension, the compiler drivers (gcc, clang, nvcc) or
-# the linker read when forming or running build commands and that can change the output; the
-# table in docs/cache.md says what each one does. MAX_JOBS, TMPDIR and the diagnostics-only
-# variables are not here: they do not change the library.
-KEY_ENV_VARS = (
-    "CXX", "CC", "CUDA_HOME", "CUDA_PATH", "CUDA_INC_PATH", "CUDNN_HOME", "CUDNN_PATH",
-    "ROCM_HOME", "ROCM_PATH", "HIP_HOME", "PYTORCH_ROCM_ARCH", "TORCH_CUDA_ARCH_LIST",
-    "TORCH_XPU_ARCH_LIST", "PYTORCH_NVCC", "NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS", "NVCC_CCBIN",
-    "TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES", "TORCH_NO_COMPILER_WRAPPER",
-    "CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "LIBRARY_PATH", "GCC_EXEC_PREFIX",
-    "COMPILER_PATH", "SOURCE_DATE_EPOCH", "CCC_OVERRIDE_OPTIONS", "LD_RUN_PATH", "GNUTARGET",
-    "LDEMULATION", "LC_ALL", "LC_CTYPE", "LANG",
-)
+# KEY_ENV_VARS (stubcache.hit's, imported above): the environment variables that can change a
+# build's output; a hit record and a start template hold their values (docs/cache.md's table).
 # gcc takes the source character set from the locale; the usual UTF-8 and C locales all read
 # sources the same way, so only other values split the key.
 _LOCALE_VARS = ("LC_ALL", "LC_CTYPE", "LANG")
