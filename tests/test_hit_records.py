@@ -342,6 +342,16 @@ def test_every_variable_stubcache_reads_is_sorted_for_the_record():
     assert names - record_ok - full - remote == set(), "place these in hit.FULL_PATH_SETTINGS or say why not"
 
 
+def test_the_hit_layers_flag_words_are_the_settings_own():
+    """stubcache.hit keeps a copy of the yes/no words (it imports no settings module): the same words."""
+    from stubcache.edge import settings
+
+    assert set(hit.FLAG_TRUE) == {w for w in settings._FLAG_TRUE}
+    assert set(hit._FLAG_VALUES) == set(settings._FLAG_TRUE) | set(settings._FLAG_FALSE)
+    for word in hit._FLAG_VALUES:
+        assert settings.flag("X", {"X": word}) is (word in hit.FLAG_TRUE)
+
+
 def test_the_patched_load_inline_hands_only_unsupported_calls_to_torch(cache_root, monkeypatch):
     from stubcache.build import torchjit
     from stubcache.dropin import patch

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 
-from ..edge import log, progress
+from ..edge import fsroot, log, progress
 from . import buildinputs, loadcheck, prefetch
 from ..edge.errors import BuildError
 from ..hit.early import DIR_SLOT, NAME_SLOT, stop_session
@@ -245,8 +245,6 @@ def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any], mean
 
 def _empty(directory: str) -> None:
     # Remove everything in ``directory`` (a build's private directory), never following a link.
-    from ..edge import fsroot
-
     for name in os.listdir(directory):
         fsroot.rmtree(os.path.join(directory, name))
 

@@ -12,6 +12,7 @@ import shlex
 import subprocess
 
 from . import loadcheck
+from ..hit.early import prefix_map_flags as prefix_map_flags  # (a start template fills in the same)
 from ..key import inputs, tracking
 from ..key.flagscan import FlagScan, scan
 from ..key.fingerprint import torch_dir
@@ -30,12 +31,6 @@ def compiler_command() -> list[str]:
     """``CXX`` as words (``CXX="ccache g++"`` is a wrapper and a compiler), default ``c++``."""
     words = shlex.split(os.environ.get("CXX", "c++") or "c++")
     return words or ["c++"]
-
-
-def prefix_map_flags(build_dir: str) -> list[str]:
-    """Map the random staging directory to ``.`` in file names, debug info and macros."""
-    real = os.path.realpath(build_dir)
-    return [f"-ffile-prefix-map={d}=." for d in dict.fromkeys((real, build_dir))]
 
 
 def compile_dep_flags(compiler: dict[str, Any]) -> list[str]:

@@ -468,7 +468,7 @@ class CacheCore:
         policy = self._policies.get(self.root)
         if policy is None or policy.shared or not self.store.ready:
             return False
-        from ..key.fingerprint import KEY_ENV_VARS, env_from_snapshot, env_snapshot, fast_memo_path
+        from ..key.fingerprint import env_from_snapshot, env_snapshot, fast_memo_path
         from ..key.memofile import load_json
 
         fp = self.fingerprint.base()
@@ -488,7 +488,7 @@ class CacheCore:
         code = [os.path.join(package, *rel.split("/")) for rel in hit.KEY_MODULE_FILES]
         record = hit.HitRecord(
             key=entry.key, base=m.base_key, name=spec.name, library=m.library, sha256=m.sha256, size=m.size,
-            manifest=manifest_sig, env=[[n, os.environ.get(n)] for n in KEY_ENV_VARS],
+            manifest=manifest_sig, env=hit.key_env_rows(),
             validators=list(memo["validators"]) + [[p, hit.path_sig(p)] for p in code],
             tracked=tracked[0], shadows=tracked[1] + memo_shadows, torch=memo["torch_dir"])
         if hit.HitRecord.from_dict(record.to_dict()) is None:  # a value it would refuse to read
@@ -589,8 +589,8 @@ class CacheCore:
     def _handed(self, spec: StubSpec, begun: Begun) -> Speculation | None:
         """``begun`` as a :class:`Speculation` this call's build may take over: the source it
         compiles is ``spec``'s, its directory is in this store's ``staging/``, and ``spec`` is one
-        whose compile may begin before its key is known (:meth:`_may_begin`); else (or if the compile was taken or stopped already) it is
-        stopped and ``None`` returned."""
+        whose compile may begin before its key is known (:meth:`_may_begin`); else (or if the
+        compile was taken or stopped already) it is stopped and ``None`` returned."""
         try:
             fits = (begun.source == "\n".join(spec.cpp_sources) and self._may_begin(spec)
                     and os.path.dirname(begun.staging) == os.path.join(self.store.base, "staging"))
@@ -625,13 +625,13 @@ class CacheCore:
         try:
             from ..build.builder import start_template
             from ..hit import early
-            from ..key.fingerprint import KEY_ENV_VARS, torch_dir
+            from ..key.fingerprint import torch_dir
 
             digest = early.template_digest()
             if digest is None:
                 return
-            template = early.StartTemplate(start_template(self.fingerprint.compiler_facts()),
-                                           [[n, os.environ.get(n)] for n in KEY_ENV_VARS], torch_dir()).to_dict()
+            template = early.StartTemplate(start_template(self.fingerprint.compiler_facts()), hit.key_env_rows(),
+                                           torch_dir()).to_dict()
             state_fd = hit.open_state(self.root)
             if state_fd is None:
                 return

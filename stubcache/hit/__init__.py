@@ -95,7 +95,9 @@ KEY_ENV_VARS = (
     "COMPILER_PATH", "SOURCE_DATE_EPOCH", "CCC_OVERRIDE_OPTIONS", "LD_RUN_PATH", "GNUTARGET",
     "LDEMULATION", "LC_ALL", "LC_CTYPE", "LANG",
 )
-_FLAG_VALUES = ("", "0", "1", "true", "false", "yes", "no", "on", "off")  # stubcache.edge.settings' flag words
+# stubcache.edge.settings' flag words (tests/test_hit_records.py checks that they agree)
+FLAG_TRUE = ("1", "true", "yes", "on")
+_FLAG_VALUES = ("", "0", "false", "no", "off") + FLAG_TRUE
 # The variables stubcache reads that need the full path (each is validated there, and may change
 # what a hit means). A hit through a record runs under the others: STUBCACHE_DIR (the root it
 # names), a well-formed STUBCACHE_REQUIRE_HIT, STUBCACHE_PATCH_TORCH (read by `stubcache run`'s
@@ -412,6 +414,19 @@ def _still_holds(record: HitRecord) -> bool:
         return _unchanged(record)
     except (TypeError, ValueError, OverflowError):
         return False
+
+
+def key_env_rows() -> list[list[str | None]]:
+    # [name, value or None for unset] of each KEY_ENV_VARS variable: what a record or a start
+    # template holds (checked by env_holds) and what a template's name is made of.
+    get = os.environ.get
+    return [[name, get(name)] for name in KEY_ENV_VARS]
+
+
+def staging_name(prefix: str) -> str:
+    # A new build's directory name in ``staging/`` (stubcache.storage.store.Store.new_staging,
+    # stubcache.hit.early): it carries the builder's pid, so prune leaves a live builder's alone.
+    return f"{prefix}-{os.getpid()}-{os.urandom(6).hex()}"
 
 
 def env_holds(env: list[Any]) -> bool:

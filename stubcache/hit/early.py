@@ -6,7 +6,8 @@ whose turn it is to serve a request with no hit record (:func:`stubcache.hit.req
 therefore starts the compile here, from a **start template**: the direct build's command with
 the stub's name and build directory left open, which the full path leaves in the root's
 ``v1/state/start-<digest>.json`` after a direct build (``digest``: the process's environment,
-as :func:`stubcache.hit.request_digest` takes it; :func:`template_for`). The full path takes the
+as :func:`stubcache.hit.request_digest` takes it, and the key variables' values;
+:func:`template_digest`). The full path takes the
 compile over only if it is the very command, source and directory it would run
 (:meth:`stubcache.cache.core.CacheCore.get_or_build_since`, ``begun``); anything else (a hit by
 key, another command, a failed lookup) stops it: its whole session killed, its directory removed.
@@ -23,8 +24,8 @@ from __future__ import annotations
 import os
 import time
 
-from . import (KEY_ENV_VARS, LAYOUT, Miss, default_root, env_holds, open_layout, open_private_subdir, open_state,
-               read_private, request_digest, torch_is, versions)
+from . import (FLAG_TRUE, LAYOUT, Miss, default_root, env_holds, key_env_rows, open_layout, open_private_subdir,
+               open_state, read_private, request_digest, staging_name, torch_is, versions)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -37,10 +38,15 @@ TEMPLATE_CAP = 64 << 10
 # directory has: the full path compares the filled-in command with its own, word for word).
 NAME_SLOT = "stubcache_name_slot_0d5e"
 DIR_SLOT = "/stubcache-build-dir-slot-0d5e"
-# The prefix map of stubcache.build.buildinputs.prefix_map_flags, filled in as it makes it: the
-# real path and, where it differs, the path as named.
-PREFIX_SLOT = f"-ffile-prefix-map={DIR_SLOT}=."
+PREFIX_SLOT = f"-ffile-prefix-map={DIR_SLOT}=."  # prefix_map_flags(DIR_SLOT): DIR_SLOT is no path
 ORIGIN = "started before the lookup"  # how the full path's log line names such a compile
+
+
+def prefix_map_flags(build_dir: str) -> list[str]:
+    """Map the random staging directory to ``.`` in file names, debug info and macros: its real
+    path and, where it differs, the path as named (stubcache.build.buildinputs uses this one)."""
+    real = os.path.realpath(build_dir)
+    return [f"-ffile-prefix-map={d}=." for d in dict.fromkeys((real, build_dir))]
 
 
 def template_name(digest: str) -> str:
@@ -51,8 +57,7 @@ def template_digest() -> str | None:
     """The digest naming this process's start template: its environment as a record's digest
     takes it, and the key variables' values (two environments that differ only there, ``LANG``
     set or not, keep a template each instead of overwriting one)."""
-    get = os.environ.get
-    return request_digest("start", ([get(name) for name in KEY_ENV_VARS],))
+    return request_digest("start", (key_env_rows(),))
 
 
 class StartTemplate:
@@ -95,7 +100,7 @@ class StartTemplate:
         out: list[str] = []
         for word in self.cmd:
             if word == PREFIX_SLOT:
-                out += [f"-ffile-prefix-map={d}=." for d in dict.fromkeys((os.path.realpath(build_dir), build_dir))]
+                out += prefix_map_flags(build_dir)
             else:
                 out.append(word.replace(DIR_SLOT, build_dir).replace(NAME_SLOT, name))
         return out
@@ -189,8 +194,7 @@ def begin(name: str, args: dict[str, Any], miss: Miss) -> None:
     source = plain_source(args)
     root = default_root()
     # (with STUBCACHE_REQUIRE_HIT a miss may not build: the full path raises)
-    if (source is None or root is None
-            or os.environ.get("STUBCACHE_REQUIRE_HIT", "").strip().lower() in ("1", "true", "yes", "on")):
+    if source is None or root is None or os.environ.get("STUBCACHE_REQUIRE_HIT", "").strip().lower() in FLAG_TRUE:
         return
     digest = template_digest()
     if digest is None:
@@ -215,23 +219,15 @@ def begin(name: str, args: dict[str, Any], miss: Miss) -> None:
         finally:
             os.close(base_fd)
         try:
-            # As stubcache.storage.store.Store.new_staging names it for a compile begun before
-            # its key is known (the name carries this pid: prune leaves a live builder's alone).
-            dir_name = f"{os.urandom(8).hex()}-{os.getpid()}-{os.urandom(6).hex()}"
+            dir_name = staging_name(os.urandom(8).hex())  # (as a probe's early compile names it: no key yet)
             os.mkdir(dir_name, 0o700, dir_fd=sfd)
             staging = os.path.join(root, LAYOUT, "staging", dir_name)
             os.mkdir(f"{dir_name}/build", 0o700, dir_fd=sfd)
         finally:
             os.close(sfd)
         build_dir = os.path.join(staging, "build")
-        fd = os.open(os.path.join(build_dir, "main.cpp"),
-                     os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        try:
-            data = memoryview(source.encode())
-            while data:
-                data = data[os.write(fd, data):]
-        finally:
-            os.close(fd)
+        with open(os.path.join(build_dir, "main.cpp"), "xb") as fh:  # (O_EXCL: a link there is not followed)
+            fh.write(source.encode())
         cmd = template.command(name, build_dir)
         import subprocess
 

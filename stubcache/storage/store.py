@@ -33,7 +33,7 @@ from ..hit import LAST_USED_RESOLUTION as LAST_USED_RESOLUTION
 from ..hit import LAYOUT as LAYOUT
 from ..hit import NEVER_HIT_ATIME_NS as NEVER_HIT_ATIME_NS
 from ..hit import touch as _touch_pin
-from ..hit import HitRecord, open_state, record_name
+from ..hit import HitRecord, open_state, record_name, staging_name
 from .manifest import MANIFEST_NAME, Manifest
 from .trust import TrustPolicy
 
@@ -263,7 +263,7 @@ class Store:
         mode = self.mode(0o700, 0o2770)  # shared: so the owner's or a member's prune can remove it
         with self.at("staging", create=True) as sfd:
             while True:
-                name = f"{check_name(base)}-{os.getpid()}-{os.urandom(6).hex()}"
+                name = staging_name(check_name(base))
                 try:
                     os.mkdir(name, 0o700, dir_fd=sfd)
                     break
