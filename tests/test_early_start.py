@@ -250,3 +250,22 @@ def test_a_malformed_template_is_refused(data):
     from stubcache.hit.early import StartTemplate
 
     assert StartTemplate.from_dict(data) is None
+
+
+def test_a_staging_directory_that_is_a_link_gets_no_early_compile_and_nothing_outside(cache_root, cxx, tmp_path):
+    # v1/staging replaced by a link to a directory outside the root: the compact path opens it
+    # without following (no compile starts there), and nothing appears outside.
+    assert _call("first", 1).stdout.split() == ["1"]
+    path = _template(cache_root)
+    marker = tmp_path / "ran"
+    path.write_text(json.dumps(_marker_template(path, marker)))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    staging = cache_root / "v1" / "staging"
+    for child in staging.iterdir():
+        child.rmdir()
+    staging.rmdir()
+    staging.symlink_to(outside)
+    _call("second", 2, check=False)
+    assert not marker.exists()
+    assert list(outside.iterdir()) == []
