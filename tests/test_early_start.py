@@ -104,6 +104,49 @@ def test_an_early_compile_the_lookup_does_not_need_is_stopped_whole(cache_root, 
     assert _staging(cache_root) == []
 
 
+def test_a_verbose_call_leaves_the_record_so_the_same_call_after_it_begins_no_compile(cache_root, cxx):
+    # A verbose call (an engine's first rank, say) builds the stub; the same call without
+    # ``verbose`` in the next process must find its record, not begin a compile that the lookup
+    # then finds needless (tests/test_engines.py's NCCL pattern caught that: two compiles).
+    assert _call("first", 1).stdout.split() == ["1"]  # a root that has built: a template
+    loud = _call("loud", 4, extra=", verbose=True")
+    assert loud.stdout.split()[-1] == "4" and "loading extension module loud" in loud.stdout, loud.stdout
+    assert cxx.compiles() == 2 and EARLY not in loud.stderr  # (a verbose call begins none itself)
+    quiet = _call("loud", 4)
+    assert quiet.stdout.split() == ["4"] and "compiling" not in quiet.stderr, quiet.stderr
+    assert cxx.compiles() == 2  # no compile begun and killed
+    again = _call("loud", 4, extra=", verbose=True")  # still shows what it loads, record or not
+    assert "loading extension module loud" in again.stdout and cxx.compiles() == 2
+
+
+def test_a_call_whose_record_is_there_but_stale_begins_no_compile(cache_root, cxx):
+    # The record no longer answers (a validator moved: here its recorded size): the key most
+    # likely still hits, so no compile is begun only to be killed.
+    assert _call("kept", 3).stdout.split() == ["3"]
+    (record,) = (cache_root / "v1" / "state").glob("hit-*.json")
+    data = json.loads(record.read_text())
+    row = next(row for row in data["validators"] if row[1] is not None)
+    row[1][2] += 1  # [path, [dev, ino, size, mtime, ctime]]
+    record.write_text(json.dumps(data))
+    proc = _call("kept", 3)
+    assert proc.stdout.split() == ["3"] and "compiling" not in proc.stderr, proc.stderr
+    assert cxx.compiles() == 1
+    assert json.loads(record.read_text()) != data  # the full path left a fresh one
+
+
+def test_the_start_template_is_left_after_the_calls_record(cache_root, cxx):
+    # A process that sees the template of a build that served its very call must see that
+    # call's record too (early.begin then begins nothing): the full path writes them in that order.
+    order = """
+from stubcache.cache import core
+_record, _state = core.write_hit_record, core.write_state_file
+core.write_hit_record = lambda *a: (print("RECORD", flush=True), _record(*a))[1]
+core.write_state_file = lambda root, name, data: (print("STATE", name.split("-")[0], flush=True), _state(root, name, data))[1]
+"""
+    proc = _call("first", 1, pre=order)
+    assert proc.stdout.split() == ["RECORD", "STATE", "start", "1"], proc.stdout
+
+
 def test_an_early_compile_whose_command_is_not_the_builds_is_stopped_and_the_build_runs(cache_root, cxx, tmp_path):
     # The template names another program (a wrapper that sleeps, then compiles): the full path
     # stops it, with what it started, and builds with its own command in a directory emptied of
@@ -207,10 +250,10 @@ def test_only_a_plain_calls_source_is_compiled_early():
 
     call = dict(name="s", cpp_sources=["int a;", "int b;"], cuda_sources=None, functions=None, extra_cflags=None,
                 extra_cuda_cflags=None, extra_ldflags=None, extra_include_paths=None, with_cuda=None,
-                no_implicit_headers=True)
+                no_implicit_headers=True, verbose=False)
     assert plain_source(call) == "int a;\nint b;"  # main.cpp, as the build writes it
     assert plain_source(dict(call, cpp_sources="int a;")) == "int a;"
-    for change in ({"no_implicit_headers": None}, {"no_implicit_headers": False}, {"functions": ["f"]},
+    for change in ({"no_implicit_headers": None}, {"no_implicit_headers": False}, {"verbose": True}, {"functions": ["f"]},
                    {"extra_cflags": ["-O1"]}, {"extra_ldflags": ["-lm"]}, {"extra_include_paths": ["/x"]},
                    {"cuda_sources": ["x"]}, {"with_cuda": True}, {"cpp_sources": []}, {"cpp_sources": [3]},
                    {"cpp_sources": ["int \u00e9;"]}, {"cpp_sources": ["// uses at::Tensor\n"]},

@@ -325,6 +325,9 @@ class CacheCore:
         # The fleet tier (docs/remote.md): settings checked now, client made on the first miss.
         self._remote_config = _remote_config()
         self._remote: RemoteTier | None = None
+        # A direct build's start template waits until the request it served has its hit record
+        # (leave_start_template): a process that finds the template finds the record too.
+        self._template_due = False
 
     # --- public API --------------------------------------------------------------------------
 
@@ -349,7 +352,10 @@ class CacheCore:
         user does not trust (see docs/security.md) gives one warning and private builds; an entry
         that fails the trust checks is never loaded: it is quarantined and rebuilt.
         """
-        return self.get_or_build_since(spec, None)
+        try:
+            return self.get_or_build_since(spec, None)
+        finally:
+            self.leave_start_template()
 
     def get_or_build_since(self, spec: StubSpec, since: float | None, begun: Begun | None = None) -> Entry:
         """:meth:`get_or_build` for a caller that has been waiting for this request since
@@ -357,7 +363,9 @@ class CacheCore:
         process serving the same request): that time counts against the lock timeout, and a
         build failure recorded since then is raised, not built again (invariants 8 and 11).
         ``begun``: this request's compile, begun by the compact path (:mod:`stubcache.hit.early`):
-        a miss's build takes it over if it is that build's command, and it is stopped otherwise."""
+        a miss's build takes it over if it is that build's command, and it is stopped otherwise.
+        The caller leaves the start template afterwards (:meth:`remember_hit` or
+        :meth:`leave_start_template`)."""
         if not isinstance(spec, StubSpec):
             if begun is not None:
                 begun.discard()
@@ -451,12 +459,15 @@ class CacheCore:
         answer it: a published direct build from this root whose tracked inputs are all
         unchanged by signature right now, a spec whose key needs only the base fingerprint, no
         seed stores or remote tier, and a root this user trusts privately. True if a record was
-        written. Never fails the load that called it: a record is only a shortcut."""
+        written. Never fails the load that called it: a record is only a shortcut. Then the
+        start template of a direct build this served, if any (:meth:`leave_start_template`)."""
         try:
             return self._remember_hit(spec, entry, digest)
         except Exception as exc:  # noqa: BLE001 - a missing shortcut must not fail an engine's start
             log.logger().debug("stubcache: no hit record for %s: %r", entry.key, exc)
             return False
+        finally:
+            self.leave_start_template()
 
     def _remember_hit(self, spec: StubSpec, entry: Entry, digest: str) -> bool:
         m = entry.manifest
@@ -614,10 +625,16 @@ class CacheCore:
             raise
         return speculation
 
-    def _leave_start_template(self) -> None:
-        """After a direct build: this environment's start template in a private root, from which
-        the next process's first call of a plain stub new here starts its compile before the
-        lookup (:mod:`stubcache.hit.early`). Never fails the build: a template is only a shortcut."""
+    def leave_start_template(self) -> None:
+        """After a direct build, once the request it served has its hit record (or none can be
+        left): this environment's start template in a private root, from which the next
+        process's first call of a plain stub new here starts its compile before the lookup
+        (:mod:`stubcache.hit.early`, which begins none where the call's record exists: in that
+        order, a process that sees the template of a build that served its very call sees that
+        call's record too). Never fails: a template is only a shortcut."""
+        if not self._template_due:
+            return
+        self._template_due = False
         policy = self._policies.get(self.root)
         if (policy is None or policy.shared or not self.store.ready or self.seeds or self._remote_config is not None
                 or self.fingerprint.read_only):
@@ -1101,7 +1118,7 @@ class CacheCore:
             faults.point("after_publish")
             log.debug("stubcache: %s: published as %s", spec.name, manifest.key)
             if result.method == "direct":
-                self._leave_start_template()
+                self._template_due = True  # (left by the caller, after the request's record)
             self._event(Event.BUILD, manifest.key, result.seconds, name=spec.name, method=result.method)
             return self._find_published(spec, base, manifest.key)
         finally:

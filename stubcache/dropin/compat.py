@@ -187,6 +187,8 @@ def _load_inline_recording(record: str | None, args: dict[str, Any], since: floa
         _call_memo[memo_key] = result
     if record is not None and module_name == name:
         default_cache().remember_hit(spec, entry, record)
+    else:
+        default_cache().leave_start_template()
     return result
 
 
@@ -222,7 +224,7 @@ def _get_and_import(spec: StubSpec, verbose: bool, name: Any = None, call: Any =
                     begun: Begun | None = None) -> tuple[Entry, Any]:
     cache = default_cache()
     with _verbose_scope(verbose):
-        entry = cache.get_or_build(spec) if since is None else cache.get_or_build_since(spec, since, begun)
+        entry = cache.get_or_build_since(spec, since, begun)  # (the caller leaves the start template)
         while spec.is_python_module and isinstance(name, str):
             with versions_lock:
                 prev = _imported.setdefault(spec.name, entry.key)
@@ -300,7 +302,9 @@ def load(
         extra_include_paths=[*(extra_include_paths or []), *dirs], with_cuda=with_cuda,
         is_python_module=is_python_module, no_implicit_headers=True, separate_units=True,
     )
-    return _get_and_import(spec, verbose, name, call, build_directory)[1]
+    result = _get_and_import(spec, verbose, name, call, build_directory)[1]
+    default_cache().leave_start_template()
+    return result
 
 
 mark(load)

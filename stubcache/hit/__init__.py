@@ -1024,11 +1024,13 @@ def dropin_call(args: dict[str, Any]) -> Any:
     # the full drop-in left for the very same call: what torch would return (the library's path),
     # or a Miss for the full drop-in (stubcache.dropin.compat.load_inline_recording), which serves
     # it and leaves the record. A call the record cannot answer (a Python module, CUDA, include
-    # paths, ``verbose``, a setting to check, a second version of a name in this process) is a
-    # Miss with no digest.
+    # paths, a setting to check, a second version of a name in this process) is a Miss with no
+    # digest. A ``verbose`` call (which shows what the full path loads) takes the full path with
+    # the digest and the turn: it leaves the record for the same call without ``verbose``, which
+    # would otherwise find none and begin a compile the key then makes needless.
     name = args["name"]
     build_directory = args["build_directory"]
-    if not (args["is_python_module"] is False and not args["verbose"] and args["cuda_sources"] is None
+    if not (args["is_python_module"] is False and args["cuda_sources"] is None
             and args["functions"] is None and not args["extra_include_paths"] and args["sycl_sources"] is None
             and args["extra_sycl_cflags"] is None and args["with_sycl"] is None and args["with_cuda"] is not True
             and args["gil_not_used"] is False and type(name) is str and name.isascii() and name.isidentifier()
@@ -1043,6 +1045,10 @@ def dropin_call(args: dict[str, Any]) -> Any:
     digest = request_digest("load_inline", (name, call))
     if digest is None:
         return Miss()
+    if args["verbose"]:
+        since = time.time()
+        turn = request_turn(root, digest)
+        return Miss(digest, since) if turn == WAITED else Miss(digest, since, turn)
     found, miss = serve(root, digest)
     if found is not None:
         if build_directory is not None:

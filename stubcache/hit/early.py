@@ -12,7 +12,7 @@ compile over only if it is the very command, source and directory it would run
 (:meth:`stubcache.cache.core.CacheCore.get_or_build_since`, ``begun``); anything else (a hit by
 key, another command, a failed lookup) stops it: its whole session killed, its directory removed.
 
-Only for a plain call (a drop-in ``load_inline`` with ``no_implicit_headers=True``, no flags,
+Only for a plain call (a drop-in ``load_inline`` with ``no_implicit_headers=True``, not ``verbose``, no flags,
 no include paths, ASCII sources that need nothing of torch's), in a root that passes the private
 rule, with ``STUBCACHE_REQUIRE_HIT`` unset. The template is read as a hit record is (a regular
 file owned by this user or root, writable by no one else, capped): it names a program to run,
@@ -25,7 +25,7 @@ import os
 import time
 
 from . import (FLAG_TRUE, LAYOUT, Miss, default_root, env_holds, key_env_rows, open_layout, open_private_subdir,
-               open_state, read_private, request_digest, staging_name, torch_is, versions)
+               open_state, read_private, record_name, request_digest, staging_name, torch_is, versions)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ class StartTemplate:
 def plain_source(args: dict[str, Any]) -> str | None:
     """The ``main.cpp`` a drop-in call with these arguments builds, if the call may start its
     compile early (see the module docstring), else ``None``."""
-    if (args["no_implicit_headers"] is not True or args["functions"] is not None or args["extra_cflags"]
+    if (args["no_implicit_headers"] is not True or args["verbose"] or args["functions"] is not None or args["extra_cflags"]
             or args["extra_ldflags"] or args["extra_include_paths"] or args["extra_cuda_cflags"]
             or args["cuda_sources"] or args["with_cuda"]):
         return None
@@ -178,6 +178,14 @@ def _remove(path: str) -> None:
     fsroot.rmtree(path)
 
 
+def _exists(dir_fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        return True
+    except OSError:
+        return False
+
+
 def read_template(state_fd: int, digest: str) -> StartTemplate | None:
     """The template for ``digest`` in the ``state/`` directory open as ``state_fd``, read as a
     hit record is; ``None`` if there is none or it is not one to trust."""
@@ -206,6 +214,11 @@ def begin(name: str, args: dict[str, Any], miss: Miss) -> None:
             return
         try:
             template = read_template(state_fd, digest)
+            if template is not None and miss.digest is not None and _exists(state_fd, record_name(miss.digest)):
+                # A record that did not answer: most likely the key still hits (a validator
+                # moved); or one written since this process looked (the full path leaves it
+                # before the template, so a build that served this very call is seen here).
+                return
         finally:
             os.close(state_fd)
         if template is None or not torch_is(template.torch) or not env_holds(template.env):

@@ -99,10 +99,12 @@ class StubCache:
                         return lib
         try:
             core = self._full()
-            entry = core.get_or_build(spec) if miss.since is None else core.get_or_build_since(spec, miss.since)
+            entry = core.get_or_build_since(spec, miss.since)
             lib = core.load_entry(entry)
             if miss.digest is not None:
-                core.remember_hit(spec, entry, miss.digest)
+                core.remember_hit(spec, entry, miss.digest)  # (then the start template)
+            else:
+                core.leave_start_template()
             return lib
         finally:
             miss.release()  # the record is there (or cannot be): the next process's turn
