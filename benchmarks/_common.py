@@ -152,7 +152,8 @@ class CxxWrapper:
     """A ``CXX`` that logs each compile (an invocation naming a source file), then runs ``c++``.
 
     The log file is ``$BENCH_CXX_LOG`` if set (so one launcher can count per herd), else
-    ``<dir>/cxx.log``. Invocations without a source (``--version``, link steps) are not counted.
+    ``<dir>/cxx.log``. Invocations without a source (``--version``, link steps) and
+    preprocessor-only ones (``-E``: the search probe) are not counted.
     """
 
     def __init__(self, directory: Path) -> None:
@@ -163,6 +164,7 @@ class CxxWrapper:
         self.path.write_text(textwrap.dedent(f"""\
             #!/bin/sh
             case " $* " in
+              *" -E "*) ;;
               *.cpp\\ *|*.cc\\ *|*.cu\\ *|*.c\\ *)
                 echo "$$ $*" >> "${{BENCH_CXX_LOG:-{self.default_log}}}" ;;
             esac

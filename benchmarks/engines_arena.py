@@ -73,7 +73,7 @@ print("READY", flush=True)
 '''
 
 WRAPPER = """#!/bin/sh
-case " $* " in *.cpp*) echo x >> "{log}" ;; esac
+case " $* " in *" -E "*) ;; *.cpp*) echo x >> "{log}" ;; esac
 exec "{real}" "$@"
 """
 

@@ -117,6 +117,7 @@ print(json.dumps({"(part of the imports) unmarshalling their bytecode again, bes
 PHASES = (("compiling early, while the toolchain is probed", "compiler started during the probe (a fresh host's new root)"),
           ("probed the compiler ", "toolchain probed (a fresh host)"), (": not in the cache ", "key computed, looked up (imports, fingerprint)"),
           (": compiling (", "compiler about to start, or the early compile taken over (lookup, build lock, staging)"),
+          (" inputs tracked while the compiler runs", "headers tracked while the compiler runs (search probe)"),
           (": compiled in ", "compiler finished"), (": inputs tracked ", "inputs tracked, load checked"),
           (": published as ", "published"))
 COLD_TIMELINE = ENGINE + r"""
@@ -143,7 +144,7 @@ print(json.dumps(out))
 
 def run(ctx: Ctx) -> dict:
     reps = ctx.reps(5, 15)
-    cold_reps = ctx.reps(2, 5)
+    cold_reps = ctx.reps(2, 11)
     inst = ctx.installed_engine()
     root = ctx.fresh_dir("s11-root")
     env = child_env_for(inst, STUBCACHE_DIR=str(root))

@@ -45,6 +45,7 @@ CORE_FILES = (
     "test_resource_leaks.py", "test_layering.py", "test_settings.py", "test_evict.py", "test_first_hour.py",
     "test_hit_records.py", "test_probe_memo.py", "test_results.py", "test_depfile_parse.py", "test_loadcheck.py",
     "test_import_path.py", "test_toolchain_probe.py", "test_link_prefetch.py", "test_early_start.py",
+    "test_tracking_during_compile.py",
 )
 
 
@@ -77,7 +78,8 @@ def cache_root(tmp_path, monkeypatch) -> Path:
 
 
 class CxxWrapper:
-    """A ``CXX`` that logs every compile (an invocation with a source file) and then runs c++.
+    """A ``CXX`` that logs every compile (an invocation with a source file, not one that only
+    preprocesses it: the direct build's search probe reads ``main.cpp`` too) and then runs c++.
 
     ``STUBCACHE_TEST_CXX_SLEEP`` (seconds) makes each compile sleep first, to widen windows for
     crash tests; ``STUBCACHE_TEST_CXX_MARK`` is a file created when a compile starts.
@@ -92,6 +94,7 @@ class CxxWrapper:
         self.path.write_text(textwrap.dedent(f"""\
             #!/bin/sh
             case " $* " in
+              *" -E "*) ;;
               *.cpp*|*.cu\\ *|*.c\\ *)
                 echo "$$ $*" >> "{self.log}"
                 if [ -n "$STUBCACHE_TEST_CXX_MARK" ]; then : > "$STUBCACHE_TEST_CXX_MARK"; fi

@@ -187,6 +187,6 @@ def test_a_build_logs_its_phases_without_importing_logging(cache_root, tmp_path)
     assert loud.returncode == 0, loud.stderr
     lines = [line[len("stubcache: built_loudly: "):] for line in loud.stderr.splitlines()
              if line.startswith("stubcache: built_loudly: ")]
-    starts = ["not in the cache (key ", "compiling (direct build)", "compiled in ",
-              "inputs tracked and load checked in ", "published as "]
+    starts = ["not in the cache (key ", "compiling (direct build)", "2 inputs tracked while the compiler runs",
+              "compiled in ", "inputs tracked and load checked in ", "published as "]
     assert len(lines) == len(starts) and all(a.startswith(b) for a, b in zip(lines, starts)), loud.stderr

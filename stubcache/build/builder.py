@@ -68,9 +68,9 @@ def build(spec: StubSpec, build_dir: str, compiler: dict[str, Any] | None = None
     # earlier compile's start counts from when it began (and so does the build's time).
     started_ns = time.time_ns() if started is None else started.started_ns
     t0 = time.perf_counter() - (time.time_ns() - started_ns) / 1e9
-    probe = memo = None
+    probe = memo = pre = None
     if spec.build_method == "direct":
-        library, out, deps, probe, memo = _build_direct(spec, build_dir, compiler, meanwhile, started)
+        library, out, deps, probe, memo, pre = _build_direct(spec, build_dir, compiler, meanwhile, started, started_ns)
     else:
         if started is not None:
             started.stop()
@@ -86,7 +86,7 @@ def build(spec: StubSpec, build_dir: str, compiler: dict[str, Any] | None = None
     # The load check's loader runs in its child while the inputs are tracked here.
     check = loadcheck.start_check(library)
     try:
-        tracked = buildinputs.tracked_inputs(spec, build_dir, deps, started_ns, probe, compiler, memo)
+        tracked = buildinputs.tracked_inputs(spec, build_dir, deps, started_ns, probe, compiler, memo, pre)
     except BaseException:
         loadcheck.stop(check.proc)
         loadcheck.stop(probe)  # not read yet if tracking stopped first
@@ -187,11 +187,13 @@ def _command_in(spec: StubSpec, build_dir: str, compiler: dict[str, Any], python
 
 
 def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any], meanwhile: Callable[[], None] | None = None,
-                  started: Started | None = None
-                  ) -> tuple[str, str, list[str], subprocess.Popen[bytes] | None, dict[str, Any] | None]:
-    """The one compiler call (or ``started``'s, see :func:`build`); also the include search probe
-    and this user's hash memo, started and read while the compiler runs
-    (:func:`stubcache.build.buildinputs.tracked_inputs` takes both)."""
+                  started: Started | None = None, started_ns: int | None = None
+                  ) -> tuple[str, str, list[str], subprocess.Popen[bytes] | None, dict[str, Any] | None,
+                             buildinputs.PreTracked | None]:
+    """The one compiler call (or ``started``'s, see :func:`build`); also the include search probe,
+    this user's hash memo and the headers the compile is predicted to read, started, read and
+    tracked while the compiler runs (:func:`stubcache.build.buildinputs.tracked_inputs` takes
+    them: the probe, or what :func:`~stubcache.build.buildinputs.pretrack` made of it)."""
     output = os.path.join(build_dir, f"{spec.name}.so")
     early = buildinputs.python_include_early()
     if started is not None and started.build_dir == build_dir and started.cmd == _command_in(spec, build_dir, compiler, early):
@@ -206,10 +208,10 @@ def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any], mean
         cmd = _direct_setup(spec, build_dir, compiler, early)
         proc = _spawn_compiler(spec, cmd, build_dir)
         stop = None
-    probe = head_start = None
+    probe = head_start = pre = None
     try:
         # Off the compile's path: the compiler is already at work (this process only waits for it).
-        probe = buildinputs.start_search_probe(spec, build_dir)  # (looks up python_include())
+        probe = buildinputs.start_search_probe(spec, build_dir, compiler)  # (looks up python_include())
         if buildinputs.python_include() != early:
             # The template guessed wrong: build again with sysconfig's answer once this compile
             # has ended (a killed driver would leave its cc1plus, as or ld writing here).
@@ -221,6 +223,13 @@ def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any], mean
             head_start = prefetch.LinkPrefetch.start(spec, build_dir, memo)  # a fresh host's link inputs
         if meanwhile is not None:
             meanwhile()
+        if probe is not None and started_ns is not None and proc.poll() is None:
+            try:
+                pre = buildinputs.pretrack(spec, build_dir, probe, started_ns, compiler, memo)
+            except Exception as exc:  # noqa: BLE001 - only a head start: the inputs are tracked after the compile
+                log.debug("stubcache: %s: no early tracking: %r", spec.name, exc)
+                loadcheck.stop(probe)
+            probe = None
         stdout, _ = proc.communicate()
         if head_start is not None:
             head_start.finish(memo)
@@ -240,7 +249,7 @@ def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any], mean
         if head_start is not None:
             head_start.stop()
         raise
-    return output, text, deps, probe, memo
+    return output, text, deps, probe, memo, pre
 
 
 def _empty(directory: str) -> None:

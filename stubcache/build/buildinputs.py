@@ -12,6 +12,7 @@ import shlex
 import subprocess
 
 from . import loadcheck
+from ..edge import log
 from ..hit.early import prefix_map_flags as prefix_map_flags  # (a start template fills in the same)
 from ..key import inputs, tracking
 from ..key.flagscan import FlagScan, scan
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 DEPFILE = inputs.DEPFILE
+PROBE_DEPFILE = "stubcache.probe.deps"  # the search probe's prediction of DEPFILE (direct builds)
 LINK_DEPFILE = inputs.LINK_DEPFILE
 AS_DEPFILE = inputs.AS_DEPFILE
 
@@ -155,33 +157,63 @@ def _compile_flags(spec: StubSpec, build_dir: str) -> list[str]:
     return [f for f in flags if not f.startswith(("-Wp,-M", "-M"))]
 
 
-def start_search_probe(spec: StubSpec, build_dir: str) -> subprocess.Popen[bytes] | None:
+def start_search_probe(spec: StubSpec, build_dir: str, compiler: dict[str, Any] | None = None
+                       ) -> subprocess.Popen[bytes] | None:
     """Start asking the compiler for its include search order (``-E -v``), to run beside the
-    compile; :func:`tracked_inputs` collects it."""
+    compile; :func:`tracked_inputs` collects it. With ``compiler`` (a direct build's: the
+    fingerprint's record), it also preprocesses the build's ``main.cpp`` as the compile does and
+    writes the files that reads to :data:`PROBE_DEPFILE`: the headers the compile is predicted to
+    list, which :func:`pretrack` tracks while the compiler still runs."""
+    extra: list[str] = []
+    source = None
+    if compiler is not None:
+        source = "main.cpp"
+        extra = [*dependency_name_flags(compiler), f"-DTORCH_EXTENSION_NAME={spec.name}",
+                 "-DTORCH_API_INCLUDE_EXTENSION_H", "-fPIC", "-M", "-MF", PROBE_DEPFILE]
     try:
-        return tracking.start_search_path([*compiler_command(), *_compile_flags(spec, build_dir)], build_dir)
+        return tracking.start_search_path([*compiler_command(), *_compile_flags(spec, build_dir), *extra], build_dir,
+                                          source)
     except OSError:
         return None
 
 
-def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: int,
-                   probe: subprocess.Popen[bytes] | None = None,
-                   compiler: dict[str, Any] | None = None,
-                   remembered: dict[str, Any] | None = None) -> tracking.Tracked:
-    """Hash what the build read (see :mod:`stubcache.key.inputs`); ``remembered``: the hash memo
-    if read already (:func:`stubcache.key.tracking.hash_memo`)."""
-    if not deps and not tracking.files_named_by_flags(spec.extra_cflags + spec.extra_ldflags):
-        loadcheck.stop(probe)  # reaps it and closes its pipe
-        return tracking.Tracked({}, {}, [])
-    cmd = compiler_command()
+class PreTracked:
+    """A direct build's inputs as tracked while its compiler ran (:func:`pretrack`): the search
+    order its probe reported, and the tracker holding the ``predicted`` headers (``None``:
+    none could be tracked early)."""
+
+    __slots__ = ("search", "tracker", "predicted")
+
+    def __init__(self, search: tracking.SearchPath | None, tracker: tracking.Tracker | None,
+                 predicted: list[str]) -> None:
+        self.search = search
+        self.tracker = tracker
+        self.predicted = predicted
+
+
+def pretrack(spec: StubSpec, build_dir: str, probe: subprocess.Popen[bytes], started_ns: int,
+             compiler: dict[str, Any], remembered: dict[str, Any] | None) -> PreTracked:
+    """Collect the search probe that :func:`start_search_probe` started with ``compiler`` and
+    track the files its preprocessing read, settled (``__has_include`` names resolved, shadow
+    candidates found), while the compiler still runs: :func:`tracked_inputs` carries on from
+    there if the compile's own dependency list begins with those files, else starts afresh."""
     try:
-        if probe is None:
-            probe = tracking.start_search_path([*cmd, *_compile_flags(spec, build_dir)], build_dir)
         search = tracking.finish_search_path(probe)
     except (OSError, subprocess.SubprocessError):
-        search = None
-    facts = compiler if compiler is not None else compiler_facts()
-    ran = compiler_that_ran(search, facts, bool(spec.tool_flags))
+        return PreTracked(None, None, [])
+    path = os.path.join(build_dir, PROBE_DEPFILE)
+    predicted = tracking.parse_depfile(path) if probe.returncode == 0 else []
+    if not predicted or tracking.UNEXPRESSED in predicted:
+        return PreTracked(search, None, [])
+    tracker = _tracker(spec, build_dir, search, started_ns, compiler, remembered)
+    tracker.add_deps(predicted)
+    tracker.settle()
+    log.debug("stubcache: %s: %d inputs tracked while the compiler runs", spec.name, len(predicted))
+    return PreTracked(search, tracker, predicted)
+
+
+def _tracker(spec: StubSpec, build_dir: str, search: tracking.SearchPath | None, started_ns: int,
+             facts: dict[str, Any], remembered: dict[str, Any] | None) -> tracking.Tracker:
     pinned = tracking.pinned_prefixes([*(facts.get("own_dirs") or []), *(facts.get("stdlib_dirs") or [])],
                                     torch_dir(), python_include())
     if spec.effective_with_cuda:
@@ -189,9 +221,44 @@ def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: 
         if home:  # the CUDA toolkit is pinned by the nvcc identity in the fingerprint
             pinned += tracking.pinned_prefixes([home], None, None)
     probes = tracking.has_include_names(spec.cpp_sources + spec.cuda_sources)
+    return tracking.Tracker(build_dir, pinned, search, started_ns, probes, remembered)
+
+
+def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: int,
+                   probe: subprocess.Popen[bytes] | None = None,
+                   compiler: dict[str, Any] | None = None,
+                   remembered: dict[str, Any] | None = None, pre: PreTracked | None = None) -> tracking.Tracked:
+    """Hash what the build read (see :mod:`stubcache.key.inputs`); ``remembered``: the hash memo
+    if read already (:func:`stubcache.key.tracking.hash_memo`); ``pre``: what :func:`pretrack`
+    tracked while the compiler ran (its probe collected: ``probe`` is then ``None``)."""
+    if not deps and not tracking.files_named_by_flags(spec.extra_cflags + spec.extra_ldflags):
+        loadcheck.stop(probe)  # reaps it and closes its pipe
+        return tracking.Tracked({}, {}, [])
+    cmd = compiler_command()
+    if pre is not None:
+        search = pre.search
+    else:
+        try:
+            if probe is None:
+                probe = tracking.start_search_path([*cmd, *_compile_flags(spec, build_dir)], build_dir)
+            search = tracking.finish_search_path(probe)
+        except (OSError, subprocess.SubprocessError):
+            search = None
+    facts = compiler if compiler is not None else compiler_facts()
+    ran = compiler_that_ran(search, facts, bool(spec.tool_flags))
     named = tracking.files_named_by_flags(spec.extra_cflags + spec.extra_cuda_cflags + spec.extra_ldflags)
     named += _found_in_b_dirs(scan(spec.extra_cflags, spec.extra_ldflags))
-    tracked = tracking.track([*deps, *named], build_dir, pinned, search, started_ns, probes, remembered)
+    tracker = pre.tracker if pre is not None else None
+    if tracker is not None and pre is not None and deps[:len(pre.predicted)] == pre.predicted:
+        tracker.recheck()  # (what it tracked before the compiler ended: unchanged since?)
+        tracker.add_deps([*deps[len(pre.predicted):], *named])
+    else:
+        if tracker is not None:
+            log.debug("stubcache: %s: the compile read other files than predicted: tracked again", spec.name)
+        tracker = _tracker(spec, build_dir, search, started_ns, facts, remembered)
+        tracker.add_deps([*deps, *named])
+    tracked = tracker.result()
+    pinned = tracker.pinned
     # The link step's -L/-l (through -Wl, too): on the direct path that is the one command.
     link = (scan(spec.extra_cflags, spec.extra_ldflags) if spec.build_method == "direct"
             else scan(spec.extra_ldflags))

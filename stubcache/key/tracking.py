@@ -37,11 +37,12 @@ class SearchPath:
         self.driver_version = driver_version
 
 
-def start_search_path(cmd: list[str], cwd: str | None = None) -> "subprocess.Popen[bytes]":
-    """Start the compiler ``cmd`` (with all include-affecting flags) reporting its search order."""
+def start_search_path(cmd: list[str], cwd: str | None = None, source: str | None = None) -> "subprocess.Popen[bytes]":
+    """Start the compiler ``cmd`` (with all include-affecting flags) reporting its search order,
+    preprocessing ``source`` (default: nothing; ``cmd`` may then ask for its dependency list)."""
     import subprocess
 
-    return subprocess.Popen([*cmd, "-x", "c++", "-E", "-v", os.devnull, "-o", os.devnull],
+    return subprocess.Popen([*cmd, "-x", "c++", "-E", "-v", source or os.devnull, "-o", os.devnull],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd)
 
 
@@ -385,42 +386,75 @@ def track(deps: Iterable[str], build_dir: str, pinned: list[str], search: Search
     (those in tracked headers are added here): the file each resolves to now is tracked, and a
     name found nowhere is recorded as absent in every searched directory. ``remembered``: this
     user's hash memo (:func:`hash_memo`) if read already; its rows are checked by signature here."""
-    skip = os.path.realpath(build_dir).rstrip("/") + "/"
-    realpath = RealPaths()
-    if remembered is None:
-        remembered = hash_memo()
-    learned: dict[str, list[Any]] = {}
-    files: dict[str, str] = {}
-    sigs: dict[str, list[Any]] = {}
-    unstable: list[str] = []
-    headers: list[str] = []
-    pinned_headers: list[str] = []
-    beside: dict[str, set[Any]] = {}
-    probes = list(probes)
+    tracker = Tracker(build_dir, pinned, search, started_ns, probes, remembered)
+    tracker.add_deps(deps)
+    return tracker.result()
 
-    def add(path: str, probe: bool = False) -> None:
-        if path in files or path in pinned_headers:
+
+class Tracker:
+    """:func:`track` in steps: dependencies added in their order (:meth:`add_deps`, in as many
+    calls as they come), :meth:`settle` (the ``__has_include`` names resolved and the shadow
+    candidates found for what was added so far), :meth:`result`. A build whose compiler is still
+    running may track the headers it is predicted to read, settle, and add the rest once it has
+    ended; :meth:`recheck` then flags a file tracked early that changed since it was hashed.
+    The result is the one :func:`track` gives for the same dependencies in the same order."""
+
+    def __init__(self, build_dir: str, pinned: list[str], search: SearchPath | None, started_ns: int,
+                 probes: Iterable[str] = (), remembered: dict[str, Any] | None = None) -> None:
+        self.build_dir = build_dir
+        self.skip = os.path.realpath(build_dir).rstrip("/") + "/"
+        self.realpath = RealPaths()
+        self.remembered = hash_memo() if remembered is None else remembered
+        self.pinned = pinned
+        self.search = search
+        self.started_ns = started_ns
+        self.learned: dict[str, list[Any]] = {}
+        self.files: dict[str, str] = {}
+        self.sigs: dict[str, list[Any]] = {}
+        self.seen: dict[str, list[Any]] = {}  # every hashed file's signature when it was hashed
+        self.unstable: list[str] = []
+        self.headers: list[str] = []
+        self.pinned_headers: list[str] = []
+        self.beside: dict[str, set[Any]] = {}
+        self.probes = list(probes)
+        self.resolved = 0  # probes[:resolved] are resolved (tracked or in absent_names)
+        self.absent_names: list[str] = []
+        self.shadows: dict[str, Any] | None = None
+        self.shadow_unstable: list[str] = []  # candidates that appeared while the build ran
+        self.settled_at: tuple[int, int, int, int] | None = None  # what the shadows were found for
+
+    def add_deps(self, deps: Iterable[str]) -> None:
+        for dep in deps:
+            if dep == UNEXPRESSED:
+                self.unstable.append(dep)  # read by the build, but under a name that cannot be tracked
+                continue
+            # As the compiler named it, never collapsed on paper: `link/../x.h` is the x.h beside
+            # the link's target, which the kernel opens again on every check.
+            self._add(kpath.tidy(os.path.join(self.build_dir, dep)))
+
+    def _add(self, path: str, probe: bool = False) -> None:
+        if path in self.files or path in self.pinned_headers:
             return
-        real = realpath(path)
-        if real.startswith(skip):
+        real = self.realpath(path)
+        if real.startswith(self.skip):
             return
         is_header = not path.endswith((".o", ".a", ".so")) and ".so." not in os.path.basename(path)
-        if is_pinned(path, pinned, real):
+        if is_pinned(path, self.pinned, real):
             if is_header:
-                pinned_headers.append(path)
+                self.pinned_headers.append(path)
                 # Its contents are pinned, but what it probes for may lie outside (libstdc++'s
                 # __has_include(<tbb/tbb.h>) finds /usr/include or a user directory).
                 for name in has_include_names([_read_text(path)]):
-                    if name not in probes:
-                        probes.append(name)
+                    if name not in self.probes:
+                        self.probes.append(name)
             return
         try:
             st0 = os.stat(path)
-            known = remembered.get(path) if st0.st_size >= HASH_MEMO_MIN_SIZE else None
+            known = self.remembered.get(path) if st0.st_size >= HASH_MEMO_MIN_SIZE else None
             fd = -1 if known is not None and known[0] == signature(st0) else os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             if not probe and not _driver_temporary(path):
-                unstable.append(path)  # read by the build, gone now
+                self.unstable.append(path)  # read by the build, gone now
             return
         if fd < 0:  # hashed by an earlier build of this user's, and unchanged since (signature)
             digest, st1 = known[1], st0  # type: ignore[index]  # (known is set: fd < 0)
@@ -431,47 +465,86 @@ def track(deps: Iterable[str], build_dir: str, pinned: list[str], search: Search
             finally:
                 os.close(fd)
         sig = signature(st1)
-        if unsettled(st0, st1, started_ns):
-            unstable.append(path)
+        if unsettled(st0, st1, self.started_ns):
+            self.unstable.append(path)
         elif fd >= 0 and st1.st_size >= HASH_MEMO_MIN_SIZE:
-            learned[path] = [sig, digest]
-        files[path] = digest
+            self.learned[path] = [sig, digest]
+        self.files[path] = digest
+        self.seen[path] = sig
         if recordable(sig) is not None:
-            sigs[path] = sig
+            self.sigs[path] = sig
         if is_header:
-            headers.append(path)
+            self.headers.append(path)
             text = _read_text(path)
             tested = has_include_names([text])
             for name in tested:
-                if name not in probes:
-                    probes.append(name)
+                if name not in self.probes:
+                    self.probes.append(name)
             for name in quoted_include_names(text) + tested:
                 # A quoted include looks beside the including file first: a file appearing
                 # there later is found instead of the one the compiler read.
-                beside.setdefault(os.path.dirname(path), set()).add(name)
+                self.beside.setdefault(os.path.dirname(path), set()).add(name)
 
-    for dep in deps:
-        if dep == UNEXPRESSED:
-            unstable.append(dep)  # read by the build, but under a name that cannot be tracked
-            continue
-        # As the compiler named it, never collapsed on paper: `link/../x.h` is the x.h beside
-        # the link's target, which the kernel opens again on every check.
-        add(kpath.tidy(os.path.join(build_dir, dep)))
-    absent_names: list[str] = []
-    for name in probes:  # may grow while headers found here are scanned
-        found = _resolve_probe(name, search)
-        if found is None:
-            absent_names.append(name)
-        else:
-            add(found, probe=True)
-    record: dict[str, Any] = {"sigs": sigs}
-    if search is not None:
-        record["search"] = search.dirs  # the search order, as the compiler named its directories
-        record["shadows"] = shadow_candidates(headers + pinned_headers, search, pinned, absent_names, beside,
-                                              started_ns, unstable)
-    if learned:
-        remember_hashes(remembered, learned)
-    return Tracked(files, record, unstable)
+    def settle(self) -> None:
+        """Resolve the ``__has_include`` names seen so far (tracking the file each finds, which
+        may add more) and find the shadow candidates of the headers tracked so far."""
+        while self.resolved < len(self.probes):  # may grow while headers found here are scanned
+            name = self.probes[self.resolved]
+            self.resolved += 1
+            found = _resolve_probe(name, self.search)
+            if found is None:
+                self.absent_names.append(name)
+            else:
+                self._add(found, probe=True)
+        state = (len(self.headers), len(self.pinned_headers), len(self.absent_names),
+                 sum(len(v) for v in self.beside.values()))
+        if self.search is not None and state != self.settled_at:
+            self.shadow_unstable = []
+            self.shadows = shadow_candidates(self.headers + self.pinned_headers, self.search, self.pinned,
+                                             self.absent_names, self.beside, self.started_ns, self.shadow_unstable)
+            self.settled_at = state
+
+    def recheck(self) -> None:
+        """After the compiler has ended: flag each file hashed so far whose signature is not the
+        one it was hashed with (it changed after that, perhaps before the compiler read it), and
+        each ``__has_include`` name found nowhere then that resolves now (it appeared, perhaps
+        before the compiler tested it: a test leaves no trace in the dependency list), and each
+        header taken for a pinned one that no longer resolves under a pinned prefix, and each
+        shadow candidate that exists now."""
+        for path, sig in self.seen.items():
+            try:
+                now = signature(os.stat(path))
+            except OSError:
+                now = None
+            if now != sig and path not in self.unstable:
+                self.unstable.append(path)
+        for name in self.absent_names:
+            found = _resolve_probe(name, self.search)
+            if found is not None and found not in self.unstable:
+                self.unstable.append(found)
+        fresh = RealPaths()  # (a link re-pointed meanwhile: the header may no longer be pinned)
+        for path in self.pinned_headers:
+            if not is_pinned(path, self.pinned, fresh(path)) and path not in self.unstable:
+                self.unstable.append(path)
+        for directory, (sig, names) in (self.shadows or {}).items():
+            # A shadow candidate that appeared since it was looked for, as one that exists once
+            # the compile has ended would be: it may have been found first.
+            if sig is None or dir_sig(directory) != sig:
+                for rel in names:
+                    path = os.path.join(directory, rel)
+                    if os.path.lexists(path) and path not in self.unstable:
+                        self.unstable.append(path)
+
+    def result(self) -> Tracked:
+        self.settle()
+        record: dict[str, Any] = {"sigs": self.sigs}
+        if self.search is not None:
+            record["search"] = self.search.dirs  # the search order, as the compiler named its directories
+            record["shadows"] = self.shadows
+        if self.learned:
+            remember_hashes(self.remembered, self.learned)
+            self.learned = {}
+        return Tracked(self.files, record, self.unstable + self.shadow_unstable)
 
 
 # The SHA-256 of large tracked inputs (libc, libm, libstdc++ and the loader, which every link

@@ -1,0 +1,141 @@
+"""A direct build tracks the headers its compile is predicted to read while the compiler runs
+(stubcache.build.buildinputs.pretrack: the search probe preprocesses main.cpp and lists them), in
+real processes with the real compiler: the record is the one tracking after the compile makes,
+and what changes between that early tracking and the compiler's reads is caught as a change
+during the build (not published under the key; built again, then the entry holds the new file)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from .conftest import REPO
+
+EARLY = "inputs tracked while the compiler runs"
+OTHER = "the compile read other files than predicted"
+
+BUILD = r"""
+import json, logging, sys
+from stubcache import StubCache, StubSpec
+from stubcache.build import buildinputs
+if sys.argv[1] == "late":  # tracking only after the compile, as before early tracking
+    def _refuse(*a, **k):
+        raise RuntimeError("early tracking off")
+    buildinputs.pretrack = _refuse
+handler = logging.StreamHandler()
+handler.setFormatter(logging.Formatter("%(message)s"))
+logging.getLogger("stubcache").addHandler(handler)
+logging.getLogger("stubcache").setLevel(logging.DEBUG)
+spec = StubSpec("tracked_early", open(sys.argv[2]).read(), is_python_module=False, no_implicit_headers=True,
+                extra_include_paths=[sys.argv[3]])
+cache = StubCache()
+entry = cache.get_or_build(spec)
+print(json.dumps({"v": cache.load(spec).v(), "manifest": str(entry.path.rsplit("/", 1)[0] + "/manifest.json")}))
+"""
+
+SOURCE = """
+#include <stddef.h>
+#include <stdint.h>
+#include <atomic>
+#include "cfg.h"
+#if __has_include("nowhere_%(tag)s.h")
+#error "not there"
+#endif
+#if __has_include("late_%(tag)s.h")
+#define LATE 10
+#else
+#define LATE 0
+#endif
+extern "C" int v(void) { static std::atomic<int> n{VAL + LATE}; return n.load(); }
+"""
+
+
+def _tree(tmp_path: Path, tag: str) -> tuple[Path, Path]:
+    inc = tmp_path / f"inc-{tag}"
+    (inc / "sub").mkdir(parents=True)
+    (inc / "cfg.h").write_text('#include "sub/val.h"\n#if __has_include(<absent_%s.h>)\n#endif\n' % tag)
+    (inc / "sub" / "val.h").write_text("#define VAL 1\n")
+    src = tmp_path / f"src-{tag}.cpp"
+    src.write_text(SOURCE % {"tag": tag})
+    return inc, src
+
+
+def _start(mode: str, src: Path, inc: Path, env: dict) -> subprocess.Popen:
+    full = dict(os.environ, PYTHONPATH=str(REPO), **env)
+    return subprocess.Popen([sys.executable, "-c", BUILD, mode, str(src), str(inc)], env=full,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(proc: subprocess.Popen) -> tuple[dict, str]:
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    return json.loads(out.strip().splitlines()[-1]), err
+
+
+def _record(manifest: str) -> dict:
+    m = json.loads(Path(manifest).read_text())
+    inputs = m["inputs"]
+    return {"headers": m["headers"], "sigs": sorted(inputs["sigs"]), "search": inputs["search"],
+            # (a directory's signature is left out where it changed within the clock slack of the
+            # build: the two builds ran at different times)
+            "shadows": {d: names for d, (_sig, names) in inputs["shadows"].items()}}
+
+
+def test_tracked_while_the_compiler_runs_is_what_tracking_after_it_records(cache_root, cxx, tmp_path):
+    inc, src = _tree(tmp_path, "same")
+    early, early_err = _finish(_start("early", src, inc, {}))
+    assert EARLY in early_err and OTHER not in early_err, early_err
+    late, late_err = _finish(_start("late", src, inc, {"STUBCACHE_DIR": str(tmp_path / "other-root")}))
+    assert EARLY not in late_err
+    assert early["v"] == late["v"] == 1
+    a, b = _record(early["manifest"]), _record(late["manifest"])
+    assert a == b
+    assert str(inc / "sub" / "val.h") in a["headers"]  # (the quoted include beside cfg.h)
+    assert str(inc) in a["shadows"]  # the absent __has_include names are shadow candidates there
+
+
+def _change_once_tracked(proc: subprocess.Popen, change) -> str:
+    # Read the child's log until its early tracking is done; make the change while its compiler
+    # still sleeps (STUBCACHE_TEST_CXX_SLEEP: before it reads anything); collect the rest.
+    lines = []
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        lines.append(line)
+        if EARLY in line:
+            change()
+            break
+    else:
+        raise AssertionError("no early tracking:\n" + "".join(lines))
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, "".join(lines) + err
+    return out, "".join(lines) + err
+
+
+def test_a_header_changed_after_it_was_tracked_early_is_a_change_during_the_build(cache_root, cxx, tmp_path):
+    inc, src = _tree(tmp_path, "edit")
+    val = inc / "sub" / "val.h"
+    proc = _start("early", src, inc, {"STUBCACHE_TEST_CXX_SLEEP": "2.0"})
+    out, err = _change_once_tracked(proc, lambda: val.write_text("#define VAL 2\n"))
+    result = json.loads(out.strip().splitlines()[-1])
+    assert "changed during the build" in err, err
+    assert result["v"] == 2
+    # The entry holds what its library was built from (without the recheck: VAL 1's hash).
+    headers = json.loads(Path(result["manifest"]).read_text())["headers"]
+    assert headers[str(val)] == hashlib.sha256(b"#define VAL 2\n").hexdigest()
+
+
+def test_a_has_include_name_appearing_after_early_tracking_is_a_change_during_the_build(cache_root, cxx, tmp_path):
+    inc, src = _tree(tmp_path, "appear")
+    late = inc / "late_appear.h"
+    proc = _start("early", src, inc, {"STUBCACHE_TEST_CXX_SLEEP": "2.0"})
+    out, err = _change_once_tracked(proc, lambda: late.write_text("/* now here */\n"))
+    result = json.loads(out.strip().splitlines()[-1])
+    assert "changed during the build" in err, err
+    assert result["v"] == 11  # the compiler saw it ...
+    # ... and the entry says so (without the recheck: recorded as absent, the compile saw it)
+    headers = json.loads(Path(result["manifest"]).read_text())["headers"]
+    assert str(late) in headers
