@@ -139,3 +139,53 @@ def test_a_has_include_name_appearing_after_early_tracking_is_a_change_during_th
     # ... and the entry says so (without the recheck: recorded as absent, the compile saw it)
     headers = json.loads(Path(result["manifest"]).read_text())["headers"]
     assert str(late) in headers
+
+
+def test_a_directory_at_a_candidate_replaced_by_a_header_after_the_compile_read_is_a_change(cache_root, tmp_path,
+                                                                                          monkeypatch):
+    # -I first -I second: first/val.h is a directory (searched past, not chosen), second/val.h is
+    # read. After the compiler has read it (the wrapper then marks and sleeps), the directory
+    # becomes a header: tracking after the compile saw a candidate new during the build; the
+    # early tracking must too (it looked while first/val.h was still a directory).
+    import shutil
+    import textwrap
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    (first / "val.h").mkdir(parents=True)
+    second.mkdir()
+    (second / "val.h").write_text("#define VAL 1\n")
+    mark = tmp_path / "compiled"
+    wrapper = tmp_path / "cxx-after.sh"
+    wrapper.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        case " $* " in *" -E "*) exec "{shutil.which('c++')}" "$@";; *main.cpp*) ;; *) exec "{shutil.which('c++')}" "$@";; esac
+        "{shutil.which('c++')}" "$@"; rc=$?
+        if [ ! -e "{mark}" ]; then : > "{mark}"; sleep 2; fi
+        exit $rc
+        """))
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("CXX", str(wrapper))
+    code = ("import logging, sys\nfrom stubcache import StubCache, StubSpec\n"
+            "logging.basicConfig(format='%(message)s')\nlogging.getLogger('stubcache').setLevel(logging.DEBUG)\n"
+            "spec = StubSpec('dir_then_file', '#include \"val.h\"\\nextern \"C\" int v(void) { return VAL; }',"
+            f" is_python_module=False, no_implicit_headers=True, extra_include_paths=[{str(first)!r}, {str(second)!r}])\n"
+            "print(StubCache().load(spec).v())\n")
+    full = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-c", code], env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    import time
+
+    def replace() -> None:  # once tracked early (first/val.h a directory) and read by the compiler
+        t0 = time.monotonic()
+        while not mark.exists() and time.monotonic() - t0 < 120:
+            time.sleep(0.01)
+        (first / "val.h").rmdir()
+        (first / "val.h").write_text("#define VAL 2\n")
+
+    out, err = _change_once_tracked(proc, replace)
+    assert proc.returncode == 0, err
+    assert "changed during the build" in err, err
+    assert out.split() == ["2"]
+    # A fresh process loads what a compile now gives (with the hole: VAL 1's library, published)
+    again = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=300)
+    assert again.stdout.split() == ["2"], again.stderr

@@ -209,9 +209,11 @@ def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any], mean
         proc = _spawn_compiler(spec, cmd, build_dir)
         stop = None
     probe = head_start = pre = None
+    # A compile still running gains from a prediction of its headers (an early one may be done).
+    predicting = proc.poll() is None
     try:
         # Off the compile's path: the compiler is already at work (this process only waits for it).
-        probe = buildinputs.start_search_probe(spec, build_dir, compiler)  # (looks up python_include())
+        probe = buildinputs.start_search_probe(spec, build_dir, compiler if predicting else None)  # (python_include())
         if buildinputs.python_include() != early:
             # The template guessed wrong: build again with sysconfig's answer once this compile
             # has ended (a killed driver would leave its cc1plus, as or ld writing here).
@@ -223,12 +225,12 @@ def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any], mean
             head_start = prefetch.LinkPrefetch.start(spec, build_dir, memo)  # a fresh host's link inputs
         if meanwhile is not None:
             meanwhile()
-        if probe is not None and started_ns is not None and proc.poll() is None:
+        if probe is not None and predicting and started_ns is not None:
             try:
                 pre = buildinputs.pretrack(spec, build_dir, probe, started_ns, compiler, memo)
             except Exception as exc:  # noqa: BLE001 - only a head start: the inputs are tracked after the compile
                 log.debug("stubcache: %s: no early tracking: %r", spec.name, exc)
-                loadcheck.stop(probe)
+                stop_session(probe)
             probe = None
         stdout, _ = proc.communicate()
         if head_start is not None:
@@ -245,7 +247,10 @@ def _build_direct(spec: StubSpec, build_dir: str, compiler: dict[str, Any], mean
         if stop is not None:
             stop()
         loadcheck.stop(proc)
-        loadcheck.stop(probe)  # reaps it and closes its pipe (a leaked pipe per failed build)
+        if probe is not None and predicting:
+            stop_session(probe)  # (its preprocessor, which holds the pipe, too)
+        else:
+            loadcheck.stop(probe)  # reaps it and closes its pipe (a leaked pipe per failed build)
         if head_start is not None:
             head_start.stop()
         raise

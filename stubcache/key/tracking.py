@@ -39,11 +39,14 @@ class SearchPath:
 
 def start_search_path(cmd: list[str], cwd: str | None = None, source: str | None = None) -> "subprocess.Popen[bytes]":
     """Start the compiler ``cmd`` (with all include-affecting flags) reporting its search order,
-    preprocessing ``source`` (default: nothing; ``cmd`` may then ask for its dependency list)."""
+    preprocessing ``source`` (default: nothing; ``cmd`` may then ask for its dependency list).
+    With a source, in a session of its own: its preprocessor holds the pipe, so stopping it means
+    ending the session (:func:`stubcache.hit.early.stop_session`), not the driver alone."""
     import subprocess
 
     return subprocess.Popen([*cmd, "-x", "c++", "-E", "-v", source or os.devnull, "-o", os.devnull],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
+                            start_new_session=source is not None)
 
 
 def finish_search_path(proc: "subprocess.Popen[bytes]") -> SearchPath:
@@ -421,6 +424,7 @@ class Tracker:
         self.absent_names: list[str] = []
         self.shadows: dict[str, Any] | None = None
         self.shadow_unstable: list[str] = []  # candidates that appeared while the build ran
+        self.present: dict[str, Any] = {}  # candidates that existed when looked for (not chosen): their lstat
         self.settled_at: tuple[int, int, int, int] | None = None  # what the shadows were found for
 
     def add_deps(self, deps: Iterable[str]) -> None:
@@ -499,9 +503,10 @@ class Tracker:
         state = (len(self.headers), len(self.pinned_headers), len(self.absent_names),
                  sum(len(v) for v in self.beside.values()))
         if self.search is not None and state != self.settled_at:
-            self.shadow_unstable = []
+            self.shadow_unstable, self.present = [], {}
             self.shadows = shadow_candidates(self.headers + self.pinned_headers, self.search, self.pinned,
-                                             self.absent_names, self.beside, self.started_ns, self.shadow_unstable)
+                                             self.absent_names, self.beside, self.started_ns, self.shadow_unstable,
+                                             self.present)
             self.settled_at = state
 
     def recheck(self) -> None:
@@ -510,7 +515,8 @@ class Tracker:
         each ``__has_include`` name found nowhere then that resolves now (it appeared, perhaps
         before the compiler tested it: a test leaves no trace in the dependency list), and each
         header taken for a pinned one that no longer resolves under a pinned prefix, and each
-        shadow candidate that exists now."""
+        shadow candidate that exists now, or that existed then and is not the same now."""
+        now: list[Any] | None
         for path, sig in self.seen.items():
             try:
                 now = signature(os.stat(path))
@@ -525,6 +531,17 @@ class Tracker:
         fresh = RealPaths()  # (a link re-pointed meanwhile: the header may no longer be pinned)
         for path in self.pinned_headers:
             if not is_pinned(path, self.pinned, fresh(path)) and path not in self.unstable:
+                self.unstable.append(path)
+        for path, was in self.present.items():
+            # A candidate that was there, not chosen (a directory, a dangling link, another
+            # spelling's file), and is not the same now (a file put in a directory's place):
+            # tracking after the compile would have seen it new.
+            try:
+                st = os.lstat(path)
+                now = [st.st_dev, st.st_ino, st.st_mode, st.st_ctime_ns]
+            except OSError:
+                now = None
+            if now != was and path not in self.unstable:
                 self.unstable.append(path)
         for directory, (sig, names) in (self.shadows or {}).items():
             # A shadow candidate that appeared since it was looked for, as one that exists once
@@ -628,7 +645,7 @@ def _unpinned_test(pinned: Sequence[str]) -> Callable[[str], bool]:
 
 def shadow_candidates(headers: list[str], search: SearchPath, pinned: Sequence[str] = (),
                       absent_names: Sequence[str] = (), beside: dict[str, Any] | None = None, started_ns: int | None = None,
-                      unstable: list[Any] | None = None) -> dict[str, Any]:
+                      unstable: list[Any] | None = None, present: dict[str, Any] | None = None) -> dict[str, Any]:
     """``{directory: [dir signature, [names]]}``: for each header found under search directory D
     as ``rel``, the paths ``E/rel`` for every directory E searched before D (and every directory
     the compiler skipped as missing), and ``P/name`` for each ``#include "name"`` in a tracked
@@ -669,11 +686,12 @@ def shadow_candidates(headers: list[str], search: SearchPath, pinned: Sequence[s
         for e in dirs + missing:
             if e in open_dirs:
                 cands.add(os.path.join(e, name))
-    return file_candidates(cands, pinned, None, started_ns, unstable)
+    return file_candidates(cands, pinned, None, started_ns, unstable, present)
 
 
 def file_candidates(cands: Iterable[str], pinned: Sequence[str] = (), out: dict[str, Any] | None = None,
-                    started_ns: int | None = None, unstable: list[Any] | None = None) -> dict[str, Any]:
+                    started_ns: int | None = None, unstable: list[Any] | None = None,
+                    present: dict[str, Any] | None = None) -> dict[str, Any]:
     """File absolute paths that would change the build if they appeared into ``out``
     (``{directory: [dir signature, [names]]}``, see :func:`shadow_candidates`). A candidate
     that exists already is not one; if it appeared after ``started_ns`` (while the build ran:
@@ -697,6 +715,8 @@ def file_candidates(cands: Iterable[str], pinned: Sequence[str] = (), out: dict[
             if (started_ns is not None and unstable is not None
                     and st.st_ctime_ns >= started_ns - slack_ns(st.st_ctime_ns)):
                 unstable.append(c)  # ... unless it appeared while the compiler searched
+            if present is not None:  # (what it was: Tracker.recheck looks again)
+                present[c] = [st.st_dev, st.st_ino, st.st_mode, st.st_ctime_ns]
             continue
         anc = os.path.dirname(c)
         while not isdir(anc) and anc not in ("/", ""):
