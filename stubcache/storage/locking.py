@@ -242,7 +242,7 @@ def lock_holders(fd: int) -> list[int]:
     where unknown). For messages only: a pid may be in another pid namespace or reused."""
     try:
         st = os.fstat(fd)
-        data = fsroot.read_at(None, "/proc/locks", 8 << 20)
+        data = _read_proc("/proc/locks", 8 << 20)
     except (OSError, ValueError):
         return []
     want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
@@ -255,6 +255,26 @@ def lock_holders(fd: int) -> list[int]:
     return sorted(set(pids))
 
 
+def _read_proc(path: str, cap: int) -> bytes:
+    """A ``/proc`` file read front to back in large reads. Its size reads 0 and it is made as it
+    is read: reads at offsets of one byte each (what a regular file's bounded read does with a
+    size of 0) see the locks of many moments, and a busy host's lines come out spliced."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > cap:
+                raise ValueError(f"{path} is over {cap} bytes")
+    finally:
+        os.close(fd)
+
+
 def describe_holders(fd: int) -> str:
     """``pid 123 (python3)``-style text naming who holds a lock on ``fd``, or a generic phrase."""
     pids = lock_holders(fd)
@@ -263,7 +283,7 @@ def describe_holders(fd: int) -> str:
     out = []
     for pid in pids[:3]:
         try:
-            comm = fsroot.read_at(None, f"/proc/{pid}/comm", 4096).decode("utf-8", "replace").strip()
+            comm = _read_proc(f"/proc/{pid}/comm", 4096).decode("utf-8", "replace").strip()
         except (OSError, ValueError):
             comm = "?"
         out.append(f"pid {pid} ({fsroot.printable(comm, 32)})")
