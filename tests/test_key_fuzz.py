@@ -16,7 +16,8 @@ Each example builds a world under a fresh directory:
 
 Then one to three edits: change a header (same size, within the same second), create a
 header that may shadow another, delete one, replace a directory with a symlink to another,
-re-point a symlink, create or edit ``up.h``.
+re-point a symlink, create or edit ``up.h``, put a header where a directory or a link to
+nowhere stood (a header's place in a directory may hold either: the compiler passes over both).
 
 The default run keeps to a few examples (CI) and two fixed ones (a class-1 trap and the
 first failure found); ``STUBCACHE_FUZZ_EXAMPLES=N`` runs N with a random seed (a longer run
@@ -72,7 +73,11 @@ def worlds(draw):
             if draw(st.booleans()):
                 headers[k] = {"weight": next(weights), "once": draw(st.booleans()),
                               "next": draw(st.booleans()), "up": draw(st.integers(0, 3)) == 0}
-        dirs.append({"headers": headers, "up": next(weights) if draw(st.booleans()) else None})
+        # A header's place may hold what the compiler passes over: a directory, or a link to
+        # nowhere (``away/<dir>/h<k>.h``) that an edit may make resolve.
+        blockers = {k: draw(st.sampled_from(["dir", "dangling"])) for k in range(HEADERS)
+                    if k not in headers and draw(st.integers(0, 2)) == 0}
+        dirs.append({"headers": headers, "up": next(weights) if draw(st.booleans()) else None, "blockers": blockers})
     # Every header exists somewhere, so most worlds compile.
     for k in range(HEADERS):
         if not any(k in d["headers"] for d in dirs):
@@ -86,7 +91,7 @@ def worlds(draw):
                       "kind": draw(st.sampled_from(["-I", "-iquote", "-isystem", "-idirafter", "path"]))})
     includes = [draw(st.sampled_from(['"', "<"])) for _ in range(HEADERS)]
     edits = draw(st.lists(st.tuples(st.sampled_from(["change", "create", "delete", "dir-to-link", "repoint",
-                                                     "up"]),
+                                                     "up", "unblock"]),
                                     st.integers(0, n_dirs - 1), st.integers(0, n_dirs - 1),
                                     st.integers(0, HEADERS - 1), st.integers(200, 999)),
                           min_size=1, max_size=3))
@@ -119,6 +124,14 @@ class World:
                 self._write(os.path.join(top, "inc", f"h{k}.h"), _header_text(k, h))
             if d["up"] is not None:
                 self._write(os.path.join(top, "up.h"), f"+ {d['up']}\n")
+            for k, kind in d.get("blockers", {}).items():
+                if k in d["headers"]:
+                    continue
+                place = os.path.join(top, "inc", f"h{k}.h")
+                if kind == "dir":
+                    os.mkdir(place)
+                else:
+                    os.symlink(os.path.join(base, "away", name, f"h{k}.h"), place)
             self.phys.append(top)
         self.cflags: list[str] = []
         self.include_paths: list[str] = []
@@ -167,7 +180,7 @@ class World:
             idx = next(i for i, ln in enumerate(lines) if ln.startswith("+ "))
             lines[idx] = f"+ {weight}"  # often the same size, within the same second
             self._write(header, "\n".join(lines))
-        elif what == "create" and os.path.isdir(inc_a) and not os.path.exists(header):
+        elif what == "create" and os.path.isdir(inc_a) and not os.path.lexists(header):
             self._write(header, _header_text(k, {"weight": weight, "once": False, "next": weight % 2 == 0,
                                                  "up": weight % 3 == 0}))
         elif what == "delete" and os.path.isfile(header):
@@ -182,6 +195,15 @@ class World:
             os.symlink(target, link)
         elif what == "up":
             self._write(os.path.join(self.phys[a], "up.h"), f"+ {weight}\n")
+        elif what == "unblock" and (os.path.islink(header) or os.path.isdir(header)) and not os.path.isfile(header):
+            text = _header_text(k, {"weight": weight, "once": False, "next": weight % 2 == 0, "up": False})
+            if os.path.islink(header):  # make it resolve
+                target = os.readlink(header)
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                self._write(target, text)
+            else:
+                os.rmdir(header)
+                self._write(header, text)
 
     def bare(self, n: int):
         """What a bare compiler build of the same inputs gives now: the value, or "error"."""
@@ -265,6 +287,17 @@ FOUND_DUPLICATE_DIR = {
     "includes": ['"', '"', '"'], "edits": [("change", 0, 0, 0, 200), ("repoint", 0, 0, 0, 201)]}
 
 
+# A header's place in an earlier directory held a directory, then a link to nowhere: each made
+# into a header later was not noticed (the compiler had passed over both, and neither was recorded).
+PASSED_OVER = {
+    "names": ["da", "db"],
+    "dirs": [{"headers": {2: _h(9)}, "up": None, "blockers": {0: "dir", 1: "dangling"}},
+             {"headers": {0: _h(5), 1: _h(6), 2: _h(7)}, "up": None}],
+    "slots": [{"dir": 0, "spelling": "plain", "other": 0, "kind": "-I"},
+              {"dir": 1, "spelling": "plain", "other": 0, "kind": "-I"}],
+    "includes": ['"', "<", "<"], "edits": [("unblock", 0, 0, 0, 300), ("unblock", 0, 0, 1, 301)]}
+
+
 # Found in a long run: a directory named with a blank, passed as ``["-I", ".../d /inc"]``. Flags
 # are split into words as torch's build file splits them, so both builds fail (the oracle splits
 # them too, see _torch_words).
@@ -297,6 +330,7 @@ FOUND_SIMPLIFIED_DIR = {
 @example(world=FOUND_NON_UTF8_DIR)
 @example(world=FOUND_BLANK_IN_FLAG)
 @example(world=FOUND_SIMPLIFIED_DIR)
+@example(world=PASSED_OVER)
 @given(world=worlds())
 def test_what_loads_is_what_a_bare_build_gives_now(world):
     _check(world)  # no fixtures: each example makes (and removes) its own directory and root

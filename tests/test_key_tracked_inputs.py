@@ -101,6 +101,85 @@ def test_new_header_beside_the_including_header_misses(cache_root, cxx, tmp_path
     cycle(cxx, spec, lambda: beside.write_text("#define VAL 2\n"), beside.unlink)
 
 
+def _shadowed_value(tmp_path, name: str):
+    """A stub whose ``val.h`` comes from ``inc2``; ``inc``, searched first, is where a shadow
+    would appear."""
+    inc, inc2 = tmp_path / "inc", tmp_path / "inc2"
+    inc.mkdir()
+    inc2.mkdir()
+    (inc2 / "val.h").write_text("#define VAL 1\n")
+    spec = {"name": name, "cpp_sources": value_src('#include "val.h"'), "extra_include_paths": [str(inc), str(inc2)]}
+    return inc, spec
+
+
+def test_a_directory_where_a_header_would_shadow_is_replaced_by_one(cache_root, cxx, tmp_path):
+    """The compiler skips a directory at a candidate's path; a header put in its place is found
+    first."""
+    inc, spec = _shadowed_value(tmp_path, "shadow_dir")
+    cand = inc / "val.h"
+    cand.mkdir()
+
+    def plant():
+        cand.rmdir()
+        cand.write_text("#define VAL 2\n")
+
+    def back():
+        cand.unlink()
+        cand.mkdir()
+
+    cycle(cxx, spec, plant, back)
+
+
+def test_a_dangling_link_where_a_header_would_shadow_starts_to_resolve(cache_root, cxx, tmp_path):
+    """The link does not change when its target appears, nor does the directory that holds it:
+    the target's own path is watched."""
+    inc, spec = _shadowed_value(tmp_path, "shadow_dangling")
+    away = tmp_path / "away"
+    (inc / "val.h").symlink_to(away / "val.h")
+
+    def plant():
+        away.mkdir()
+        (away / "val.h").write_text("#define VAL 2\n")
+
+    cycle(cxx, spec, plant, lambda: shutil.rmtree(away))
+
+
+def test_a_dangling_link_on_the_way_to_a_shadow_starts_to_resolve(cache_root, cxx, tmp_path):
+    """``#include "sub/val.h"`` with ``inc/sub`` a link to a directory that does not exist yet."""
+    inc, inc2 = tmp_path / "inc", tmp_path / "inc2"
+    (inc2 / "sub").mkdir(parents=True)
+    inc.mkdir()
+    (inc2 / "sub" / "val.h").write_text("#define VAL 1\n")
+    away = tmp_path / "away"
+    (inc / "sub").symlink_to(away)
+    spec = {"name": "shadow_dangling_dir", "cpp_sources": value_src('#include "sub/val.h"'),
+            "extra_include_paths": [str(inc), str(inc2)]}
+
+    def plant():
+        away.mkdir()
+        (away / "val.h").write_text("#define VAL 2\n")
+
+    cycle(cxx, spec, plant, lambda: shutil.rmtree(away))
+
+
+def test_a_dangling_link_pointed_elsewhere_is_watched_where_it_points_now(cache_root, cxx, tmp_path):
+    """Re-pointing the link changes only the directory that holds it; a lookup that took the
+    link for the same one would not watch the new target."""
+    inc, spec = _shadowed_value(tmp_path, "shadow_repointed")
+    link = inc / "val.h"
+    link.symlink_to(tmp_path / "first" / "val.h")
+    assert child(spec)[0] == 1
+    link.unlink()
+    other = tmp_path / "second"
+    link.symlink_to(other / "val.h")
+    assert child(spec)[0] == 1
+    n = cxx.compiles()
+    other.mkdir()
+    (other / "val.h").write_text("#define VAL 2\n")
+    assert child(spec)[0] == 2, "a fresh process loaded the old library after the re-pointed link resolved"
+    assert cxx.compiles() == n + 1
+
+
 def _script_setter(path, body):
     """``use(n)`` returns a step that replaces the executable script ``path`` with ``body(n)``."""
     def use(n: int):
@@ -369,3 +448,48 @@ def test_a_script_named_by_cxx_is_identified_by_its_content(cache_root, tmp_path
     assert v1 == 1 and v2 == 2 and k2 != k1
     use(1)()
     assert child(spec)[:2] == (1, k1)
+
+
+def test_links_that_loop_or_grow_are_followed_as_far_as_the_kernel_would(tmp_path):
+    """A loop (``a -> b -> a``) and a link into itself (``c -> c/x``: each step resolves one
+    level deeper) end: each link is filed once, as what it points to; nothing under them exists."""
+    from stubcache.hit import WAS, WAS_LINK, appeared
+    from stubcache.key.inputs import changed_inputs
+    from stubcache.key.tracking import MAX_LINKS, file_candidates
+
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "a").symlink_to("b")
+    (d / "b").symlink_to("a")
+    (d / "c").symlink_to("c/x")
+    rows = file_candidates([str(d / "a" / "h.h"), str(d / "c" / "h.h")])
+    names = rows[str(d)][1]
+    assert sorted(names) == sorted(["a" + WAS + WAS_LINK + "b", "b" + WAS + WAS_LINK + "a",
+                                    "c" + WAS + WAS_LINK + "c/x"])
+    assert MAX_LINKS == 40 and not appeared(str(d), names)
+    (d / "b").unlink()
+    (d / "b").mkdir()  # `a` resolves now: b/h.h can appear
+    assert appeared(str(d), names)
+    inputs = {"shadows": rows}
+    assert changed_inputs({}, inputs) == [f"{d / 'b'}: was a link to a the compiler passed over, is not now"]
+
+
+def test_a_link_to_a_directory_is_filed_with_the_directory_it_names(tmp_path):
+    """``inc/val.h -> real`` where ``real`` is a directory: the compiler passes over both; a
+    header put in the place of either is read."""
+    from stubcache.hit import WAS, WAS_DIR, WAS_LINK, appeared
+    from stubcache.key.tracking import file_candidates
+
+    inc = tmp_path / "inc"
+    real = tmp_path / "real"
+    inc.mkdir()
+    real.mkdir()
+    (inc / "val.h").symlink_to(real)
+    rows = file_candidates([str(inc / "val.h")])
+    assert rows[str(inc)][1] == ["val.h" + WAS + WAS_LINK + str(real)]
+    assert rows[str(tmp_path)][1] == ["real" + WAS + WAS_DIR]
+    assert not appeared(str(tmp_path), rows[str(tmp_path)][1])
+    real.rmdir()
+    assert not appeared(str(tmp_path), rows[str(tmp_path)][1])  # gone: nothing to read
+    real.write_text("#define VAL 2\n")
+    assert appeared(str(tmp_path), rows[str(tmp_path)][1])

@@ -492,6 +492,13 @@ def _unchanged(record: HitRecord) -> bool:
 
 ANY_PTH = "*.pth"  # a shadow row's name for any file ending in .pth (site.addsitedir processes them)
 KNOWN_PTH = "+"  # prefixes a shadow row's name for a .pth file that was there (ANY_PTH allows it)
+# A shadow row's name for something that was at a candidate's path and that the compiler passed
+# over: ``rel + WAS + "d"`` (a directory) or ``rel + WAS + "l" + target`` (a symbolic link that
+# resolved to nothing it would read; its target's path is a candidate of its own). A name holds
+# no NUL byte, and os.path.lexists is False for a path with one (what an older reader sees).
+WAS = "\0"
+WAS_DIR = "d"
+WAS_LINK = "l"
 
 
 def appeared(directory: str, names: list[Any]) -> bool:
@@ -512,9 +519,29 @@ def appeared(directory: str, names: list[Any]) -> bool:
             for n in listing:
                 if n.endswith(".pth") and KNOWN_PTH + n not in names:
                     return True
-        elif rel[:1] != KNOWN_PTH and os.path.lexists(os.path.join(directory, rel)):
+        elif rel[:1] != KNOWN_PTH and name_appeared(directory, rel):
             return True
     return False
+
+
+def name_appeared(directory: str, rel: str) -> bool:
+    # Whether a shadow row's name (not ANY_PTH) exists in ``directory`` now, or for a :data:`WAS`
+    # name, whether what is there is no longer what the compiler passed over (gone is fine).
+    cut = rel.find(WAS)
+    if cut < 0:
+        return os.path.lexists(os.path.join(directory, rel))
+    path, was = os.path.join(directory, rel[:cut]), rel[cut + 1:]
+    try:
+        st = os.lstat(path)
+        if was == WAS_DIR:
+            return not stat.S_ISDIR(st.st_mode)
+        if was[:1] == WAS_LINK and stat.S_ISLNK(st.st_mode):
+            return os.readlink(path) != was[1:]
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except (OSError, ValueError):
+        return True
+    return True
 
 
 def open_private_subdir(dfd: int, name: str, make: bool = False) -> int:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import time
 
-from ..hit import appeared
+from ..hit import WAS, WAS_DIR, appeared, name_appeared
 from ..storage.store import file_sha256
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
@@ -189,9 +189,15 @@ def changed_inputs(files: dict[str, Any], inputs: dict[str, Any] | None) -> list
                 out.append(f"{path}: content changed")
         for directory, (_, names) in ((inputs or {}).get("shadows") or {}).items():
             for rel in names:
-                cand = os.path.join(directory, rel)
-                if os.path.lexists(cand):
+                name, marked, was = rel.partition(WAS)
+                cand = os.path.join(directory, name)
+                if not name_appeared(directory, rel):
+                    continue
+                if not marked:
                     out.append(f"{cand}: new file, would be found before the tracked one")
+                else:
+                    then = "a directory" if was == WAS_DIR else f"a link to {was[1:]}"
+                    out.append(f"{cand}: was {then} the compiler passed over, is not now")
     except (TypeError, ValueError, AttributeError) as exc:
         out.append(f"malformed tracked-input record ({exc})")
     return out

@@ -12,6 +12,7 @@ import os
 import stat
 
 from ..edge import kpath
+from ..hit import WAS, WAS_DIR, WAS_LINK, name_appeared
 from .inputs import dir_sig, recordable, signature, slack_ns
 from ..storage.store import file_sha256
 
@@ -548,8 +549,8 @@ class Tracker:
             # the compile has ended would be: it may have been found first.
             if sig is None or dir_sig(directory) != sig:
                 for rel in names:
-                    path = os.path.join(directory, rel)
-                    if os.path.lexists(path) and path not in self.unstable:
+                    path = os.path.join(directory, rel.partition(WAS)[0])
+                    if name_appeared(directory, rel) and path not in self.unstable:
                         self.unstable.append(path)
 
     def result(self) -> Tracked:
@@ -689,13 +690,19 @@ def shadow_candidates(headers: list[str], search: SearchPath, pinned: Sequence[s
     return file_candidates(cands, pinned, None, started_ns, unstable, present)
 
 
+MAX_LINKS = 40  # Linux's limit on the links one path resolution follows (MAXSYMLINKS)
+
+
 def file_candidates(cands: Iterable[str], pinned: Sequence[str] = (), out: dict[str, Any] | None = None,
                     started_ns: int | None = None, unstable: list[Any] | None = None,
                     present: dict[str, Any] | None = None) -> dict[str, Any]:
     """File absolute paths that would change the build if they appeared into ``out``
     (``{directory: [dir signature, [names]]}``, see :func:`shadow_candidates`). A candidate
     that exists already is not one; if it appeared after ``started_ns`` (while the build ran:
-    the compiler may have searched before it did) it goes to ``unstable``."""
+    the compiler may have searched before it did) it goes to ``unstable``. One that the
+    compiler passed over (a directory, or a symbolic link, at the candidate's path or on the
+    way to it) is filed as what it is (:data:`~stubcache.hit.WAS`), and a link's target path
+    becomes a candidate too: resolved as the kernel would, through at most ``MAX_LINKS`` links."""
     unpinned = _unpinned_test(pinned)
     is_dir: dict[str, bool] = {}  # many candidates share their missing directories
 
@@ -706,10 +713,38 @@ def file_candidates(cands: Iterable[str], pinned: Sequence[str] = (), out: dict[
         return known
 
     out = {} if out is None else out
-    for c in sorted(set(cands)):
+
+    def file(anc: str, rel: str) -> None:
+        slot = out.get(anc)
+        if slot is None:
+            slot = out[anc] = [recordable(dir_sig(anc)), []]
+        if rel not in slot[1]:
+            slot[1].append(rel)
+
+    todo = [(c, 0) for c in sorted(set(cands))]  # (candidate, links followed to reach it)
+    seen = {c for c, _ in todo}
+
+    def passed_over_link(anc: str, name: str, rest: str, depth: int) -> None:
+        # ``anc/name`` is a link the compiler went through to nothing it could read: filed as that
+        # link (re-pointing it changes ``anc``), and where it points is a candidate.
+        try:
+            target = os.readlink(os.path.join(anc, name))
+        except OSError:
+            file(anc, name)  # (gone meanwhile: watched as a name)
+            return
+        file(anc, name + WAS + WAS_LINK + target)
+        follow = os.path.join(anc, target, rest) if rest else os.path.join(anc, target)
+        if follow not in seen and depth < MAX_LINKS:  # (beyond: ELOOP, the compiler finds nothing)
+            seen.add(follow)
+            todo.append((follow, depth + 1))
+
+    k = 0
+    while k < len(todo):
+        c, depth = todo[k]
+        k += 1
         try:
             st = os.lstat(c)
-        except OSError:
+        except (OSError, ValueError):
             st = None
         if st is not None:  # present and not chosen (#include_next, or another spelling) ...
             if (started_ns is not None and unstable is not None
@@ -717,6 +752,12 @@ def file_candidates(cands: Iterable[str], pinned: Sequence[str] = (), out: dict[
                 unstable.append(c)  # ... unless it appeared while the compiler searched
             if present is not None:  # (what it was: Tracker.recheck looks again)
                 present[c] = [st.st_dev, st.st_ino, st.st_mode, st.st_ctime_ns]
+            parent, name = os.path.split(c)
+            if unpinned(parent) and name:
+                if stat.S_ISDIR(st.st_mode):
+                    file(parent, name + WAS + WAS_DIR)
+                elif stat.S_ISLNK(st.st_mode) and not os.path.isfile(c):
+                    passed_over_link(parent, name, "", depth)  # dangling, a loop, or to a directory
             continue
         anc = os.path.dirname(c)
         while not isdir(anc) and anc not in ("/", ""):
@@ -724,14 +765,17 @@ def file_candidates(cands: Iterable[str], pinned: Sequence[str] = (), out: dict[
         if not unpinned(anc):
             continue  # inside a pinned directory (a nested search dir's spelling): pinned too
         rel = c[len(anc.rstrip("/")) + 1:]  # c lies under anc as spelled (no relpath: it collapses `..`)
-        first = rel.split(os.sep, 1)[0]
-        if not os.path.lexists(os.path.join(anc, first)):
+        first, _, rest = rel.partition(os.sep)
+        try:
+            fst = os.lstat(os.path.join(anc, first))
+        except (OSError, ValueError):
+            fst = None
+        if fst is None:
             rel = first  # nothing under it can appear unless this name does
-        slot = out.get(anc)
-        if slot is None:
-            slot = out[anc] = [recordable(dir_sig(anc)), []]
-        if rel not in slot[1]:
-            slot[1].append(rel)
+        elif stat.S_ISLNK(fst.st_mode) and rest:
+            passed_over_link(anc, first, rest, depth)  # dangling, a loop, or a link to a file
+            continue
+        file(anc, rel)
     return out
 
 
