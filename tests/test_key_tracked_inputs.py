@@ -493,3 +493,12 @@ def test_a_link_to_a_directory_is_filed_with_the_directory_it_names(tmp_path):
     assert not appeared(str(tmp_path), rows[str(tmp_path)][1])  # gone: nothing to read
     real.write_text("#define VAL 2\n")
     assert appeared(str(tmp_path), rows[str(tmp_path)][1])
+
+
+def test_an_include_name_is_read_up_to_a_nul_as_gcc_reads_it():
+    """gcc cuts a header name at a NUL byte (``__has_include("val.h\\0lfoo")`` tests ``val.h``);
+    a name kept whole would also read as a record of what the compiler passed over."""
+    from stubcache.key.tracking import has_include_names, quoted_include_names
+
+    assert has_include_names(['#if __has_include("val.h\0lfoo")\n#endif\n', "__has_include(<\0d>)"]) == ["val.h"]
+    assert quoted_include_names('#include "cfg.h\0d"\n#include "\0x"\n') == ["cfg.h"]

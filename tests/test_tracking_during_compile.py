@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from .conftest import REPO
 
 EARLY = "inputs tracked while the compiler runs"
@@ -189,3 +191,56 @@ def test_a_directory_at_a_candidate_replaced_by_a_header_after_the_compile_read_
     # A fresh process loads what a compile now gives (with the hole: VAL 1's library, published)
     again = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=300)
     assert again.stdout.split() == ["2"], again.stderr
+
+
+PASSED_OVER = r"""
+import logging, sys
+from stubcache import StubCache, StubSpec
+from stubcache.build import buildinputs
+if sys.argv[1] == "late":
+    def _refuse(*a, **k):
+        raise RuntimeError("early tracking off")
+    buildinputs.pretrack = _refuse
+logging.basicConfig(format="%(message)s")
+logging.getLogger("stubcache").setLevel(logging.DEBUG)
+spec = StubSpec("passed_over_busy", '#include "val.h"\nextern "C" int v(void) { return VAL; }', is_python_module=False,
+                no_implicit_headers=True, extra_include_paths=sys.argv[2:4])
+print(StubCache().load(spec).v())
+"""
+
+
+@pytest.mark.parametrize("mode", ["early", "late"])
+@pytest.mark.parametrize("kind", ["directory", "link to a directory"])
+def test_a_passed_over_directory_written_to_during_the_build_is_no_change(cache_root, cxx, tmp_path, kind, mode):
+    """``first/val.h`` is a directory, or a link to one (a busy ``/tmp``), which the compiler passes
+    over for ``second/val.h``; a file written in it while the compiler runs changes nothing the
+    build read: published at once, and the next process hits (before: not published, every time)."""
+    import time
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    (second / "val.h").write_text("#define VAL 1\n")
+    busy = first / "val.h" if kind == "directory" else tmp_path / "busy"
+    busy.mkdir()
+    if kind != "directory":
+        (first / "val.h").symlink_to(busy)
+    mark = tmp_path / "compile-started"
+    env = dict(os.environ, PYTHONPATH=str(REPO), STUBCACHE_TEST_CXX_SLEEP="1.0", STUBCACHE_TEST_CXX_MARK=str(mark))
+    args = [sys.executable, "-c", PASSED_OVER, mode, str(first), str(second)]
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0 = time.monotonic()
+    while not mark.exists() and proc.poll() is None and time.monotonic() - t0 < 120:
+        time.sleep(0.01)
+    for n in range(3):  # while the compiler sleeps: before and after the early tracking, as it happens
+        (busy / f"log{n}").write_text("busy\n")
+        time.sleep(0.2)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert "changed during the build" not in err, err
+    assert out.split() == ["1"] and (mode == "late") == (EARLY not in err)
+    n = cxx.compiles()
+    again = subprocess.run(args, env=dict(env, STUBCACHE_TEST_CXX_SLEEP=""), capture_output=True, text=True,
+                           timeout=300)
+    assert again.stdout.split() == ["1"], again.stderr
+    assert cxx.compiles() == n, "the entry was not published"

@@ -355,8 +355,8 @@ def has_include_names(texts: Iterable[str]) -> list[str]:
 
             _HAS_INCLUDE = re.compile(r'__has_include(?:_next)?\s*\(\s*(?:"([^"\n]+)"|<([^>\n]+)>)\s*\)')
         for quoted, angled in _HAS_INCLUDE.findall(text):
-            name = kpath.tidy(quoted or angled)
-            if name not in out:
+            name = _up_to_nul(quoted or angled)
+            if name and name not in out:
                 out.append(name)
     return out
 
@@ -370,7 +370,13 @@ def quoted_include_names(text: str) -> list[str]:
         import re
 
         _QUOTED = re.compile(r'^[ \t]*#[ \t]*include(?:_next)?[ \t]*"([^"\n]+)"', re.M)
-    return [kpath.tidy(n) for n in _QUOTED.findall(text)]
+    return [name for name in map(_up_to_nul, _QUOTED.findall(text)) if name]
+
+
+def _up_to_nul(name: str) -> str:
+    # gcc reads a header name up to a NUL byte in it (clang refuses it): so does tracking, and
+    # no recorded name can hold one (a NUL marks what the compiler passed over: hit.WAS).
+    return kpath.tidy(name.partition("\0")[0])
 
 
 def unsettled(before: os.stat_result, after: os.stat_result, started_ns: int) -> bool:
@@ -538,8 +544,7 @@ class Tracker:
             # spelling's file), and is not the same now (a file put in a directory's place):
             # tracking after the compile would have seen it new.
             try:
-                st = os.lstat(path)
-                now = [st.st_dev, st.st_ino, st.st_mode, st.st_ctime_ns]
+                now = passed_over(os.lstat(path))
             except OSError:
                 now = None
             if now != was and path not in self.unstable:
@@ -690,6 +695,15 @@ def shadow_candidates(headers: list[str], search: SearchPath, pinned: Sequence[s
     return file_candidates(cands, pinned, None, started_ns, unstable, present)
 
 
+def passed_over(st: os.stat_result) -> list[int]:
+    """What :meth:`Tracker.recheck` compares of something at a candidate's path that the compiler
+    did not choose: a directory's type alone (any directory is passed over, and one written to
+    during the build, a busy ``/tmp``, is no change), else its identity and change time."""
+    if stat.S_ISDIR(st.st_mode):
+        return [stat.S_IFDIR]
+    return [st.st_dev, st.st_ino, st.st_mode, st.st_ctime_ns]
+
+
 MAX_LINKS = 40  # Linux's limit on the links one path resolution follows (MAXSYMLINKS)
 
 
@@ -747,11 +761,11 @@ def file_candidates(cands: Iterable[str], pinned: Sequence[str] = (), out: dict[
         except (OSError, ValueError):
             st = None
         if st is not None:  # present and not chosen (#include_next, or another spelling) ...
-            if (started_ns is not None and unstable is not None
+            if (started_ns is not None and unstable is not None and not stat.S_ISDIR(st.st_mode)
                     and st.st_ctime_ns >= started_ns - slack_ns(st.st_ctime_ns)):
                 unstable.append(c)  # ... unless it appeared while the compiler searched
             if present is not None:  # (what it was: Tracker.recheck looks again)
-                present[c] = [st.st_dev, st.st_ino, st.st_mode, st.st_ctime_ns]
+                present[c] = passed_over(st)
             parent, name = os.path.split(c)
             if unpinned(parent) and name:
                 if stat.S_ISDIR(st.st_mode):
