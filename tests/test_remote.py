@@ -143,6 +143,8 @@ def test_start_up_checks():
     assert cfg.mode == "read" and cfg.secret is None and not cfg.writable
     with pytest.raises(RemoteConfigError, match="at least 16"):
         config_from_env({"STUBCACHE_REMOTE": url, "STUBCACHE_REMOTE_SECRET": "short"})
+    with pytest.raises(RemoteConfigError, match="port 0 names no server"):
+        config_from_env({"STUBCACHE_REMOTE": "redis://h:0/1", "STUBCACHE_REMOTE_SECRET": SECRET})
     with pytest.raises(RemoteConfigError, match="unsupported URL"):
         config_from_env({"STUBCACHE_REMOTE": "http://x/", "STUBCACHE_REMOTE_SECRET": SECRET})
     with pytest.raises(RemoteConfigError, match="'read' or 'read-write'"):

@@ -103,7 +103,7 @@ def test_the_fetch_authenticates_and_selects_the_database(locked_server, auth):
 
 
 @pytest.mark.parametrize("url", [
-    "redis://h", "redis://h:0", "redis://h:7000/2", "redis://:p%40ss@h:1/0", "redis://u%3Ax:p%2F@H.example:2/15",
+    "redis://h", "redis://h:7000/2", "redis://:p%40ss@h:1/0", "redis://u%3Ax:p%2F@H.example:2/15",
     "redis://[::1]:6390/1", "redis://localhost/", "redis://u:p@h:5/",
 ])
 def test_a_url_is_read_as_redis_py_reads_it(url):
@@ -117,7 +117,7 @@ def test_a_url_is_read_as_redis_py_reads_it(url):
 
 
 @pytest.mark.parametrize("url", ["rediss://h:1/0", "redis://h:1/0?db=2", "redis://h:1/0?ssl_cert_reqs=none",
-                                 "redis://user@h:1/0", "unix:///tmp/s"])
+                                 "redis://user@h:1/0", "unix:///tmp/s", "redis://h:0"])
 def test_other_urls_are_left_to_redis_py(url):
     assert resp.fetch_target(url) is None
 

@@ -69,9 +69,12 @@ def _check_url(url: str) -> None:
 
     try:
         parts = urlsplit(url)
-        parts.port  # raises on a port that is not a number in 0-65535
+        port = parts.port  # raises on a port that is not a number in 0-65535
     except ValueError as exc:
         raise RemoteConfigError(f"{REMOTE}={redact(url)!r}: {exc}") from None
+    if port == 0:  # redis-py before 8 connects to 6379, from 8 to port 0: no one reading means it
+        raise RemoteConfigError(f"{REMOTE}={redact(url)!r}: port 0 names no server; give the port "
+                                "(redis://host:6379/0) or leave it out for 6379")
     db = parts.path[1:] if parts.path.startswith("/") else parts.path
     if db and not (db.isascii() and db.isdigit()):
         raise RemoteConfigError(f"{REMOTE}={redact(url)!r}: the database must be a number "

@@ -41,7 +41,8 @@ class Target:
 
 def fetch_target(url: str) -> Target | None:
     """The connection a fetch from ``url`` makes, or ``None`` to leave the URL to redis-py. As
-    redis-py's ``from_url``: the host and port (``localhost``, 6379 where absent or 0), the path as
+    redis-py's ``from_url``: the host and port (``localhost``, 6379 where absent; port 0, which
+    redis-py versions read differently and the configuration refuses, is left to it), the path as
     the database, the user name and password percent-decoded. The URL has passed
     :func:`stubcache.remote.config.config_from_env` (its port and database are numbers)."""
     from urllib.parse import unquote, urlsplit
@@ -51,7 +52,7 @@ def fetch_target(url: str) -> Target | None:
         port = parts.port
     except ValueError:
         return None
-    if parts.scheme.lower() != "redis" or parts.query or parts.fragment:
+    if parts.scheme.lower() != "redis" or parts.query or parts.fragment or port == 0:
         return None
     db = parts.path[1:] if parts.path.startswith("/") else parts.path
     if db and not (db.isascii() and db.isdigit()):
