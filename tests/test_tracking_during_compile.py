@@ -244,3 +244,23 @@ def test_a_passed_over_directory_written_to_during_the_build_is_no_change(cache_
                            timeout=300)
     assert again.stdout.split() == ["1"], again.stderr
     assert cxx.compiles() == n, "the entry was not published"
+
+
+def test_what_extra_ldflags_say_to_the_preprocessor_is_in_the_prediction(cache_root, cxx, tmp_path):
+    """The direct command compiles and links in one, so ``-D`` in ``extra_ldflags`` chooses what
+    the compile includes: the prediction reads the same headers (before: tracked again)."""
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "feature.h").write_text("#define VAL 5\n")
+    (inc / "after.h").write_text("#define AFTER 0\n")
+    code = ("import logging\nfrom stubcache import StubCache, StubSpec\n"
+            "logging.basicConfig(format='%(message)s')\nlogging.getLogger('stubcache').setLevel(logging.DEBUG)\n"
+            "spec = StubSpec('ldflag_define', '#ifdef WITH_FEATURE\\n#include \"feature.h\"\\n#else\\n#define VAL 1\\n"
+            "#endif\\n#include \"after.h\"\\nextern \"C\" int v(void) { return VAL + AFTER; }', is_python_module=False, no_implicit_headers=True,"
+            f" extra_include_paths=[{str(inc)!r}], extra_ldflags=['-DWITH_FEATURE'])\n"
+            "print(StubCache().load(spec).v())\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO), STUBCACHE_TEST_CXX_SLEEP="0.5")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["5"]
+    assert EARLY in proc.stderr and OTHER not in proc.stderr, proc.stderr

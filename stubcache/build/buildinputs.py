@@ -168,8 +168,10 @@ def start_search_probe(spec: StubSpec, build_dir: str, compiler: dict[str, Any] 
     source = None
     if compiler is not None:
         source = "main.cpp"
+        # The direct command compiles and links in one: what extra_ldflags say to the
+        # preprocessor (-D, -include, -fopenmp, -std=) counts, after extra_cflags, as there.
         extra = [*dependency_name_flags(compiler), f"-DTORCH_EXTENSION_NAME={spec.name}",
-                 "-DTORCH_API_INCLUDE_EXTENSION_H", "-fPIC", "-M", "-MF", PROBE_DEPFILE]
+                 "-DTORCH_API_INCLUDE_EXTENSION_H", "-fPIC", *spec.extra_ldflags, "-M", "-MF", PROBE_DEPFILE]
     try:
         return tracking.start_search_path([*compiler_command(), *_compile_flags(spec, build_dir), *extra], build_dir,
                                           source)
