@@ -465,11 +465,12 @@ def _probe_compiler(cmd: list[str], early: Callable[[dict[str, Any]], None] | No
 
     # The default search list, without the include-path variables (they are user directories).
     plain_env = {k: v for k, v in os.environ.items() if k not in ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH")}
-    procs = _start_all(
-        [[*cmd, "--version"], [*cmd, "-###", "-x", "c++", "-c", os.devnull, "-o", os.devnull],
-         [*cmd, "-print-prog-name=as"], [*cmd, "-print-prog-name=ld"],
-         [*cmd, "-x", "c++", "-E", "-v", os.devnull, "-o", os.devnull]]
-        + [[*cmd, probe] for probe in OWN_DIR_PROBES] + [[*cmd, "-print-search-dirs"]], env=plain_env)
+    # The assembler's and linker's own probes, for the ones on PATH (where gcc and clang mostly
+    # name them): started with the driver's rather than once it has named them, a round of
+    # spawns later (a fresh host's early compile waits for them); read only if it names those.
+    guess = (_resolve_tool("as"), _resolve_tool("ld"))
+    procs: list[Any] = []
+    ahead: tuple[tuple[str | None, str | None], list[Any]] = (guess, [])
     # The binaries are hashed on threads (hashlib releases the GIL), each as soon as its path is
     # known (cc1plus, ~35 MB, is a fresh host's longest step), while the other probes run.
     sums: dict[str, str | None] = {}
@@ -483,24 +484,39 @@ def _probe_compiler(cmd: list[str], early: Callable[[dict[str, Any]], None] | No
             threads.append(t)
 
     try:
-        return _probe_answers(procs, hash_on_thread, sums, threads, early)
+        procs += _start_all(
+            [[*cmd, "--version"], [*cmd, "-###", "-x", "c++", "-c", os.devnull, "-o", os.devnull],
+             [*cmd, "-print-prog-name=as"], [*cmd, "-print-prog-name=ld"]], env=plain_env)
+        ahead[1].extend(_start_all(_tool_runs(*guess)))
+        procs += _start_all(
+            [[*cmd, "-x", "c++", "-E", "-v", os.devnull, "-o", os.devnull]]
+            + [[*cmd, probe] for probe in OWN_DIR_PROBES] + [[*cmd, "-print-search-dirs"]], env=plain_env)
+        return _probe_answers(procs, hash_on_thread, sums, threads, early, ahead)
     finally:
-        for p in procs:  # every probe waited for, also when reading one raised
+        for p in procs + ahead[1]:  # every probe waited for, also when reading one raised
             if not isinstance(p, str) and p.returncode is None:  # not read and reaped by _finish
                 _kill(p)
         for t in threads:
             t.join()
 
 
+def _tool_runs(as_path: str | None, ld_path: str | None) -> list[list[str]]:
+    """The assembler's and linker's own probes (what :func:`_probe_answers` reads of them)."""
+    runs = [[as_path, "--version"]] if as_path else []
+    return runs + ([[ld_path, "--version"], [ld_path, "--help"]] if ld_path else [])
+
+
 def _probe_answers(procs: list[Any], hash_on_thread: Callable[[str | None], None], sums: dict[str, str | None],
-                   threads: list[Any], early: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+                   threads: list[Any], early: Callable[[dict[str, Any]], None] | None = None,
+                   ahead: tuple[tuple[str | None, str | None], list[Any]] | None = None) -> dict[str, Any]:
     """The answers of :func:`_probe_compiler`'s driver probes ``procs`` (started), the assembler's
     and linker's own probes and the binaries' hashes (``hash_on_thread`` fills ``sums``).
     ``early`` is handed the facts a build command needs (the compiler proper's path, the
     assembler's version, whether the linker writes a dependency file: the fields of the record's
     ``real`` that :mod:`stubcache.build.buildinputs` reads) as soon as they are known, before the
     slower answers and the hashes (cc1plus, ~35 MB, is a fresh host's longest step); it must not
-    raise."""
+    raise. ``ahead``: the assembler and linker guessed, and their probes (:func:`_tool_runs`)
+    started already; read if the driver names those two, else left for the caller to end."""
     import shlex
 
     from .tracking import compiler_dirs_from, parse_search_path
@@ -526,10 +542,11 @@ def _probe_answers(procs: list[Any], hash_on_thread: Callable[[str | None], None
     as_path, ld_path = _resolve_tool(as_name), _resolve_tool(ld_name)
     hash_binary(as_path)
     hash_binary(ld_path)
-    runs = [[as_path, "--version"]] if as_path else []
-    runs += [[ld_path, "--version"], [ld_path, "--help"]] if ld_path else []
-    later = _start_all(runs)
-    procs += later  # (waited for by the caller's cleanup too)
+    if ahead is not None and ahead[0] == (as_path, ld_path):
+        later = ahead[1]
+    else:
+        later = _start_all(_tool_runs(as_path, ld_path))
+        procs += later  # (waited for by the caller's cleanup too)
     texts = [_finish(p) for p in later]
 
     def first_line(text: str) -> str:
