@@ -11,6 +11,7 @@ tests/test_engines_modules.py.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shutil
 import stat
@@ -436,3 +437,33 @@ print("LOADED", flush=True)
     assert cxx.compiles() == 1
     assert "waiting for" not in results[1][1]
     assert "stubcache: waiting for pid" in results[2][1]
+
+
+def test_common_nvcc_flags_key_the_same_whether_or_not_cpp_extension_was_imported_first(cache_root):
+    """torch reads ``COMMON_NVCC_FLAGS`` at build time; the key held it only where the caller had
+    imported ``torch.utils.cpp_extension`` first, so a process's second call (the build imports
+    it) and an engine that imports it first got another key than a first call (found on an
+    H200: tests/gpu's test_cuda_stub_tracks_no_toolkit_header)."""
+    if not shutil.which("nvcc") and not os.path.isfile("/usr/local/cuda/bin/nvcc"):
+        pytest.skip("needs nvcc")
+    code = ("import json, sys, stubcache\n"
+            "if sys.argv[1] != 'plain':\n"
+            "    import torch.utils.cpp_extension as ce\n"
+            "    if sys.argv[1] == 'edited':\n"
+            "        ce.COMMON_NVCC_FLAGS.append('-DEDITED')\n"
+            "spec = stubcache.StubSpec('nvccflags', 'int f();', cuda_sources=['__global__ void k() {}'],"
+            " no_implicit_headers=True)\n"
+            "cache = stubcache.StubCache()\n"
+            "print(json.dumps([cache.key(spec), cache.preimage(spec)['fingerprint']['cuda']['common_nvcc_flags'],"
+            " 'torch' in sys.modules]))\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO), TORCH_CUDA_ARCH_LIST="9.0")
+    out = {}
+    for how in ("plain", "imported", "edited"):
+        proc = subprocess.run([sys.executable, "-c", code, how], env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        out[how] = json.loads(proc.stdout.strip().splitlines()[-1])
+    import torch.utils.cpp_extension as cpp_ext
+
+    assert out["plain"][:2] == out["imported"][:2]
+    assert out["plain"][1] == list(cpp_ext.COMMON_NVCC_FLAGS) and not out["plain"][2]  # read without importing torch
+    assert out["edited"][0] != out["plain"][0] and out["edited"][1][-1] == "-DEDITED"

@@ -76,6 +76,40 @@ def env_from_snapshot(snap: tuple[Any, ...]) -> dict[str, str]:
     return out
 
 
+_DEFAULT_NVCC: dict[Any, list[str] | None] = {}
+
+
+def default_nvcc_flags(directory: str | None) -> list[str] | None:
+    """``COMMON_NVCC_FLAGS`` as torch's ``cpp_extension`` module (under torch's ``directory``)
+    defines it, read from its source without importing torch (a literal list there); None if it
+    cannot be read so. Remembered per file signature."""
+    if not directory:
+        return None
+    path = os.path.join(directory, "utils", "cpp_extension.py")
+    try:
+        with open(path, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            known = _DEFAULT_NVCC.get((path, st.st_ino, st.st_size, st.st_mtime_ns))
+            if known is not None:
+                return known
+            text = fh.read(16 << 20).decode("utf-8", "replace")
+    except OSError:
+        return None
+    import ast
+
+    value: Any = None
+    start = text.find("\nCOMMON_NVCC_FLAGS = [")
+    if start >= 0:
+        end = text.find("\n]", start)
+        try:
+            value = ast.literal_eval(text[start + len("\nCOMMON_NVCC_FLAGS = "):end + 2])
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            value = None
+    flags = [str(f) for f in value] if isinstance(value, list) and all(type(f) is str for f in value) else None
+    _DEFAULT_NVCC[(path, st.st_ino, st.st_size, st.st_mtime_ns)] = flags
+    return flags
+
+
 def torch_dir() -> str | None:
     """The installed torch package directory, found without importing torch (looked up on each
     call; :meth:`Fingerprint.torch_dir` remembers it)."""
@@ -283,9 +317,14 @@ class Fingerprint:
         from .toolchain import nvcc_command, visible_cuda_archs
 
         fp: dict[str, Any] = {"nvcc": self.compiler_identity(nvcc_command())}
+        # torch reads this list at build time and callers edit it in place: the key holds what
+        # the build will use, the live list where the module is loaded, else the one it starts
+        # with (the same key whether or not the caller imported it first).
         cpp_ext = sys.modules.get("torch.utils.cpp_extension")
-        if cpp_ext is not None:  # callers edit this list in place; torch reads it at build time
+        if cpp_ext is not None:
             fp["common_nvcc_flags"] = [str(f) for f in getattr(cpp_ext, "COMMON_NVCC_FLAGS", ())]
+        else:
+            fp["common_nvcc_flags"] = default_nvcc_flags(self.torch_dir())
         if not os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip():
             fp["visible_archs"] = visible_cuda_archs(self._memo)
         return fp
