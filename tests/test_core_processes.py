@@ -382,6 +382,11 @@ def test_a_fresh_hosts_build_starts_compiling_while_the_toolchain_is_probed(cach
     assert cxx.compiles() == 2
 
 
+# The sleep's argument names this test process's sleeper: CI runs two test sessions side by side
+# (the clang set's and another Python's), each with this test.
+PROBER_SLEEP = f"37.{os.getpid() % 10000:04d}1"
+
+
 def test_a_compile_started_during_the_probe_is_killed_whole_when_the_lookup_hits(cache_root, cxx, tmp_path):
     # The prober (its compile started: a CXX that sleeps first) is stopped after its probe; a
     # process that gives up waiting for the probe's memo lock (after 2 s) probes alone, builds
@@ -389,7 +394,7 @@ def test_a_compile_started_during_the_probe_is_killed_whole_when_the_lookup_hits
     # started (a plain kill leaves the sleep holding the pipe: no return within the timeout), and
     # its directory removed.
     mark = tmp_path / "started"
-    prober = spawn_py(SPECULATE, env={"STUBCACHE_FAULT": "probed:stop", "STUBCACHE_TEST_CXX_SLEEP": "37.25",
+    prober = spawn_py(SPECULATE, env={"STUBCACHE_FAULT": "probed:stop", "STUBCACHE_TEST_CXX_SLEEP": PROBER_SLEEP,
                                       "STUBCACHE_TEST_CXX_MARK": str(mark)})
     try:
         wait_until(lambda: mark.exists() and _stopped(prober.pid), "the prober to stop after its probe", proc=prober)
@@ -409,7 +414,7 @@ def test_a_compile_started_during_the_probe_is_killed_whole_when_the_lookup_hits
     sleepers = []
     for pid in os.listdir("/proc"):
         try:
-            if pid.isdigit() and Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:2] == [b"sleep", b"37.25"]:
+            if pid.isdigit() and Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:2] == [b"sleep", PROBER_SLEEP.encode()]:
                 sleepers.append(pid)
         except OSError:
             pass
