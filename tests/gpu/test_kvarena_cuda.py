@@ -188,10 +188,21 @@ def test_two_arenas_in_one_process(cache):
         b.close()
 
 
+def _load_kernels() -> None:
+    # The kernels these tests run load on first use and keep device memory for good (CUDA's lazy
+    # module loading: ~90 MiB on an H200 with torch 2.11): load them before a free-memory baseline.
+    warm = torch.empty((16,), dtype=torch.uint8, device="cuda")
+    warm.fill_(7)
+    assert int(warm[-1]) == 7
+    del warm
+    torch.cuda.synchronize()
+
+
 def test_commit_uses_memory_and_close_unmaps_it(cache, driver):
     from kvarena import ArenaClosedError, CommitError, KvArena
 
     torch.cuda.init()
+    _load_kernels()
     free0 = torch.cuda.mem_get_info()[0]
     a = KvArena(1024 * MiB, device="cuda", cache=cache)
     base = a.base
@@ -220,7 +231,7 @@ def test_closing_returns_the_pools_memory(cache, stub):
 
     torch.cuda.init()
     dev = torch.cuda.current_device()
-    torch.cuda.synchronize()
+    _load_kernels()
     reserved0 = torch.cuda.memory_reserved(dev)
     free0 = torch.cuda.mem_get_info(dev)[0]
     a = KvArena(1024 * MiB, device="cuda", cache=cache)
@@ -231,6 +242,7 @@ def test_closing_returns_the_pools_memory(cache, stub):
         xs = [torch.empty((n * MiB,), dtype=torch.uint8, device=a.device) for n in (12, 16, 24, 32)]
     for x in xs:
         x.fill_(1)
+    del x  # (the loop's name would keep the last tensor, and its block, alive past close)
     del xs[0], xs[1]  # two freed: torch keeps their blocks cached in the pool
     torch.cuda.synchronize()
     st = a.stats()
