@@ -89,9 +89,9 @@ def default_nvcc_flags(directory: str | None) -> list[str] | None:
     try:
         with open(path, "rb") as fh:
             st = os.fstat(fh.fileno())
-            known = _DEFAULT_NVCC.get((path, st.st_ino, st.st_size, st.st_mtime_ns))
-            if known is not None:
-                return known
+            sig = (path, st.st_ino, st.st_size, st.st_mtime_ns)
+            if sig in _DEFAULT_NVCC:
+                return _DEFAULT_NVCC[sig]
             text = fh.read(16 << 20).decode("utf-8", "replace")
     except OSError:
         return None
@@ -106,7 +106,7 @@ def default_nvcc_flags(directory: str | None) -> list[str] | None:
         except (ValueError, SyntaxError, MemoryError, RecursionError):
             value = None
     flags = [str(f) for f in value] if isinstance(value, list) and all(type(f) is str for f in value) else None
-    _DEFAULT_NVCC[(path, st.st_ino, st.st_size, st.st_mtime_ns)] = flags
+    _DEFAULT_NVCC[sig] = flags
     return flags
 
 

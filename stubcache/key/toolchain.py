@@ -470,7 +470,7 @@ def _probe_compiler(cmd: list[str], early: Callable[[dict[str, Any]], None] | No
     # spawns later (a fresh host's early compile waits for them); read only if it names those.
     guess = (_resolve_tool("as"), _resolve_tool("ld"))
     procs: list[Any] = []
-    ahead: tuple[tuple[str | None, str | None], list[Any]] = (guess, [])
+    ahead: list[Any] = []
     # The binaries are hashed on threads (hashlib releases the GIL), each as soon as its path is
     # known (cc1plus, ~35 MB, is a fresh host's longest step), while the other probes run.
     sums: dict[str, str | None] = {}
@@ -487,13 +487,13 @@ def _probe_compiler(cmd: list[str], early: Callable[[dict[str, Any]], None] | No
         procs += _start_all(
             [[*cmd, "--version"], [*cmd, "-###", "-x", "c++", "-c", os.devnull, "-o", os.devnull],
              [*cmd, "-print-prog-name=as"], [*cmd, "-print-prog-name=ld"]], env=plain_env)
-        ahead[1].extend(_start_all(_tool_runs(*guess)))
+        ahead += _start_all(_tool_runs(*guess))
         procs += _start_all(
             [[*cmd, "-x", "c++", "-E", "-v", os.devnull, "-o", os.devnull]]
             + [[*cmd, probe] for probe in OWN_DIR_PROBES] + [[*cmd, "-print-search-dirs"]], env=plain_env)
-        return _probe_answers(procs, hash_on_thread, sums, threads, early, ahead)
+        return _probe_answers(procs, hash_on_thread, sums, threads, early, (guess, ahead))
     finally:
-        for p in procs + ahead[1]:  # every probe waited for, also when reading one raised
+        for p in procs + ahead:  # every probe waited for, also when reading one raised
             if not isinstance(p, str) and p.returncode is None:  # not read and reaped by _finish
                 _kill(p)
         for t in threads:
