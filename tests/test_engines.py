@@ -467,3 +467,23 @@ def test_common_nvcc_flags_key_the_same_whether_or_not_cpp_extension_was_importe
     assert out["plain"][:2] == out["imported"][:2]
     assert out["plain"][1] == list(cpp_ext.COMMON_NVCC_FLAGS) and not out["plain"][2]  # read without importing torch
     assert out["edited"][0] != out["plain"][0] and out["edited"][1][-1] == "-DEDITED"
+
+
+def test_default_nvcc_flags_read_torch_source_through_links_never_a_fifo(tmp_path):
+    """The list a CUDA key holds without cpp_extension imported comes from torch's source: a
+    linked file (a symlinked install) is read, a FIFO planted there is no answer and no wait."""
+    import time
+
+    from stubcache.key.fingerprint import default_nvcc_flags
+
+    real = tmp_path / "real.py"
+    real.write_text('X = 1\nCOMMON_NVCC_FLAGS = [\n    "-DA",\n    "--b",\n]\n')
+    linked, fifo = tmp_path / "linked" / "utils", tmp_path / "fifo" / "utils"
+    linked.mkdir(parents=True)
+    fifo.mkdir(parents=True)
+    (linked / "cpp_extension.py").symlink_to(real)
+    os.mkfifo(fifo / "cpp_extension.py")
+    assert default_nvcc_flags(str(tmp_path / "linked")) == ["-DA", "--b"]
+    t0 = time.monotonic()
+    assert default_nvcc_flags(str(tmp_path / "fifo")) is None and time.monotonic() - t0 < 5
+    assert default_nvcc_flags(str(tmp_path / "nowhere")) is None

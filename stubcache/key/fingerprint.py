@@ -85,15 +85,24 @@ def default_nvcc_flags(directory: str | None) -> list[str] | None:
     cannot be read so. Remembered per file signature."""
     if not directory:
         return None
+    import stat
+
+    from ..edge import fsroot
+
     path = os.path.join(directory, "utils", "cpp_extension.py")
-    try:
-        with open(path, "rb") as fh:
-            st = os.fstat(fh.fileno())
+    try:  # (links followed, as the import system follows them; never blocking on a FIFO, size-capped)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return None
             sig = (path, st.st_ino, st.st_size, st.st_mtime_ns)
             if sig in _DEFAULT_NVCC:
                 return _DEFAULT_NVCC[sig]
-            text = fh.read(16 << 20).decode("utf-8", "replace")
-    except OSError:
+            text = fsroot.read_fd(fd, 16 << 20, path).decode("utf-8", "replace")
+        finally:
+            os.close(fd)
+    except (OSError, ValueError):
         return None
     import ast
 
