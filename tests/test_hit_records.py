@@ -445,6 +445,30 @@ def test_the_request_lock_follows_no_planted_file_and_waits_no_longer_than_its_b
         holder.close()
 
 
+@pytest.mark.parametrize("how", ["release", "kill -9"])
+def test_a_request_waiter_goes_on_the_moment_the_holder_lets_go(tmp_path, monkeypatch, how):
+    """A waiter (stubcache.hit.request_turn) returns when the process serving the request lets
+    go of its lock, by closing it or by dying, not when its bound runs out (set far above here)."""
+    import threading
+    import time
+
+    from tests.test_locking import Holder
+
+    monkeypatch.setattr(hit, "REQUEST_WAIT", 60.0)
+    root = tmp_path / "root"
+    os.close(hit.request_turn(str(root), "a" * 32, make_root=True))
+    holder = Holder(root / "v1" / "state" / hit.request_lock_name("e" * 32))
+    try:
+        timer = threading.Timer(0.3, holder.release if how == "release" else holder.close)
+        timer.start()
+        t0 = time.monotonic()
+        assert hit.request_turn(str(root), "e" * 32) == hit.WAITED
+        assert 0.25 <= time.monotonic() - t0 < 30
+        timer.join()
+    finally:
+        holder.close()
+
+
 # --- the import path: an engine's script directory ----------------------------------------------
 # An engine started as `python engine.py` (or `python -m engine`) has its own directory first on
 # sys.path, and often writes there (a log, an output). The record and the whole-fingerprint memo
