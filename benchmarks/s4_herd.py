@@ -2,7 +2,9 @@
 
 Compiler invocations (counted by a CXX wrapper) and wall time from the release of the herd until
 the last process has the library loaded, for stubcache, one private build directory per process
-(SGLang's pattern), and one shared torch build directory. A "mixed" herd (same stub name, two
+(SGLang's pattern), and one shared torch build directory. Every approach runs in engine
+processes (the launcher imports ``torch.utils.cpp_extension`` before the fork), as target 3
+states them; a torch-free stubcache herd is a diagnostic. A "mixed" herd (same stub name, two
 source variants alternating, like two engine versions on one host) counts processes that loaded
 a library built from the other variant.
 """
@@ -20,11 +22,11 @@ APPROACHES = {
     "private": "private dir per process (SGLang)",
     "shared": "shared torch build dir",
 }
-# Diagnostics (not in the figure): where a stubcache herd's extra time goes.
+# Diagnostics (not in the figure, torch-free processes): where a stubcache herd's extra time goes.
 DIAG = {
-    "existing": "stubcache, root already exists (diagnostic)",
-    "preloaded": "stubcache, root exists + filelock/builder imported before fork (diagnostic)",
-    "engine": "stubcache, engine processes: torch imported before the fork (diagnostic)",
+    "torchfree": "stubcache, torch-free processes (diagnostic)",
+    "existing": "stubcache, torch-free, root already exists (diagnostic)",
+    "preloaded": "stubcache, torch-free, root exists + filelock/builder imported before fork (diagnostic)",
 }
 LAZY_IMPORTS = ["filelock", "stubcache.build.builder", "stubcache.storage.locking", "subprocess", "sysconfig", "ctypes"]
 WARMUP = ("import sys, stubcache; stubcache.StubCache(sys.argv[1]).get_or_build("
@@ -76,7 +78,7 @@ def run(ctx: Ctx) -> dict:
             if mode != "private":
                 runs += [new_run(ctx, mode, n, [i % 2 for i in range(n)], mixed=True) for n in mixed_ns]
             ctx.log(f"s4: herd {mode}, repetition {rep + 1}/{reps}, N={[r['n'] for r in runs]}")
-            results = launch(ctx, dict(base_cfg, mode=mode, runs=runs), f"herd-{mode}-{rep}")
+            results = launch(ctx, dict(base_cfg, mode=mode, runs=runs, engine=True), f"herd-{mode}-{rep}")
             for r, res in zip(runs, results):
                 case = f"mixed N={r['n']}" if r.get("mixed") else f"N={r['n']}"
                 data.setdefault((case, mode), []).append(res)
@@ -86,10 +88,10 @@ def run(ctx: Ctx) -> dict:
             for r, res in zip(runs, results):
                 data.setdefault((f"N={r['n']}", diag), []).append(res)
         runs = [new_run(ctx, "stubcache", n) for n in (1, ns[-1])]
-        results = launch(ctx, dict(base_cfg, mode="stubcache", runs=runs, engine=True), f"herd-engine-{rep}")
+        results = launch(ctx, dict(base_cfg, mode="stubcache", runs=runs), f"herd-torchfree-{rep}")
         for r, res in zip(runs, results):
-            data.setdefault((f"N={r['n']}", "engine"), []).append(res)
-    phases = {key: _phases(results) for key, results in data.items() if key[1] in ("stubcache", "engine")}
+            data.setdefault((f"N={r['n']}", "torchfree"), []).append(res)
+    phases = {key: _phases(results) for key, results in data.items() if key[1] in ("stubcache", "torchfree")}
     rows = []
     labels = {**APPROACHES, **DIAG}
     order = list(labels.values())
@@ -126,18 +128,17 @@ def run(ctx: Ctx) -> dict:
         f"({ratio(priv['median'], big['median']):.1f}× stubcache); shared torch directory "
         f"{fmt_time(shared['median'])} with {shared['extra']['compiles'][0]} compile(s).",
     ]
+    tf1, tf = get("N=1", "torchfree"), get(f"N={top}", "torchfree")
     ex1, ex = get("N=1", "existing"), get(f"N={top}", "existing")
     pl1, pl = get("N=1", "preloaded"), get(f"N={top}", "preloaded")
-    notes.append(f"Diagnostics, N={top} vs N=1: fresh root {r:.2f}×; root already existing "
+    notes.append(f"Diagnostics, torch-free processes (the launcher imported only stubcache before the fork), "
+                 f"N={top} vs N=1: fresh root {ratio(tf['median'], tf1['median']):.2f}× "
+                 f"({fmt_time(tf['median'])} vs {fmt_time(tf1['median'])}); root already existing "
                  f"{ratio(ex['median'], ex1['median']):.2f}× ({fmt_time(ex['median'])}); root existing and "
                  f"filelock/builder imported before the fork {ratio(pl['median'], pl1['median']):.2f}× "
                  f"({fmt_time(pl['median'])}), against the fresh-root herd of 1 "
-                 f"{ratio(pl['median'], one['median']):.2f}×.")
-    en1, en = get("N=1", "engine"), get(f"N={top}", "engine")
-    notes.append(f"Engine processes (the launcher imported torch.utils.cpp_extension before the fork): "
-                 f"N={top} {fmt_time(en['median'])} vs N=1 {fmt_time(en1['median'])}, "
-                 f"{ratio(en['median'], en1['median']):.2f}×.")
-    for diag in ("stubcache", "engine"):
+                 f"{ratio(pl['median'], tf1['median']):.2f}×.")
+    for diag in ("stubcache", "torchfree"):
         ph = phases.get((f"N={top}", diag))
         if ph:
             notes.append(f"Where the N={top} herd's time goes ({labels[diag]}; medians over repetitions): "
