@@ -427,6 +427,35 @@ def test_file_read_by_the_assembler_is_tracked(cache_root, cxx, tmp_path):
           lambda: data.write_bytes((1).to_bytes(4, "little")))
 
 
+@pytest.mark.parametrize("flags", [["-MMD"], ["-MMD", "-MF", "mine.d"], ["-MD", "-MF", "mine.d"]],
+                         ids=["MMD", "MMD-MF", "MD-MF"])
+def test_the_callers_dependency_flags_do_not_narrow_what_is_tracked(cache_root, cxx, tmp_path, flags):
+    """A caller's own dependency flags (torch's build takes them): ``-MMD`` leaves headers of
+    system directories (``-isystem``, ``CPLUS_INCLUDE_PATH``) out of the list and ``-MF`` names
+    another file. The build's own flags come after them, where the last one wins."""
+    d = tmp_path / "sys"
+    d.mkdir()
+    h = d / "depflag_val.h"
+    h.write_text("#define VAL 1\n")
+    spec = {"name": "depflags", "cpp_sources": value_src("#include <depflag_val.h>"),
+            "extra_cflags": [*flags, "-isystem", str(d)]}
+    cycle(cxx, spec, lambda: h.write_text("#define VAL 2\n"), lambda: h.write_text("#define VAL 1\n"))
+
+
+def test_the_callers_assembler_dependency_file_does_not_replace_the_builds(cache_root, cxx, tmp_path):
+    """``-Wa,--MD,FILE`` from the caller: GNU as writes one list, the last one named."""
+    real = subprocess.run([cxx.real, "-print-prog-name=cc1plus"], capture_output=True, text=True).stdout.strip()
+    if not cxx.is_gcc or not os.path.isabs(real):
+        pytest.skip("needs gcc with GNU as")
+    data = tmp_path / "data.bin"
+    data.write_bytes((1).to_bytes(4, "little"))
+    src = (f'asm(".section .rodata\\n.globl blob\\nblob: .incbin \\"{data}\\"\\n.text");\n'
+           'extern "C" const int blob;\nextern "C" int value(void) { return blob; }\n')
+    spec = {"name": "incbin_md", "cpp_sources": src, "extra_cflags": ["-Wa,--MD,mine.d"]}
+    cycle(cxx, spec, lambda: data.write_bytes((2).to_bytes(4, "little")),
+          lambda: data.write_bytes((1).to_bytes(4, "little")))
+
+
 def test_a_script_named_by_cxx_is_identified_by_its_content(cache_root, tmp_path, monkeypatch):
     """``CXX`` names a script that adds a flag and runs the compiler: the compiler behind it is
     the same before and after the script is edited, the library is not."""
@@ -502,3 +531,19 @@ def test_an_include_name_is_read_up_to_a_nul_as_gcc_reads_it():
 
     assert has_include_names(['#if __has_include("val.h\0lfoo")\n#endif\n', "__has_include(<\0d>)"]) == ["val.h"]
     assert quoted_include_names('#include "cfg.h\0d"\n#include "\0x"\n') == ["cfg.h"]
+
+
+@pytest.mark.parametrize("flags,kept", [
+    (["-O2", "-MMD", "-MP", "-MF", "a.d", "-MT", "t", "-MQ", "q", "-Wall"], ["-O2", "-Wall"]),
+    (["-MFa.d", "-MTt", "-MQq", "-MD", "-DX"], ["-DX"]),
+    (["-Wp,-MD,a.d"], []),
+    (["-Wp,-DA,-MMD,a.d,-DB", "-Wp,-MF,x,-MP,-MTy"], ["-Wp,-DA,-DB"]),
+    (["-Wa,--MD,a.d,-I,inc", "-Wa,--noexecstack"], ["-Wa,-I,inc", "-Wa,--noexecstack"]),
+    (["-Xpreprocessor", "-MD", "-Xpreprocessor", "a.d", "-Xpreprocessor", "-DX"], ["-Xpreprocessor", "-DX"]),
+    (["-Xassembler", "--MD", "-O1", "-Xassembler", "a.d", "-Xassembler", "-I"], ["-O1", "-Xassembler", "-I"]),
+    (["-M", "-MM", "-MG", "-Mx"], ["-M", "-MM", "-MG", "-Mx"]),  # the compiler says what those do
+])
+def test_a_callers_dependency_output_options_are_found_in_every_spelling(flags, kept):
+    from stubcache.build.buildinputs import without_dependency_output
+
+    assert without_dependency_output(flags) == kept

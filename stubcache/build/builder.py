@@ -111,9 +111,8 @@ def direct_command(spec: StubSpec, source: str, output: str, depfile: str,
     if compiler is None:
         compiler = buildinputs.compiler_facts()
     prefix_map = buildinputs.prefix_map_flags(build_dir) if build_dir else []
-    cmd = [*buildinputs.compiler_command(), *prefix_map, "-MD", "-MF", depfile,
-           *buildinputs.dependency_name_flags(compiler), *buildinputs.assembler_dep_flags(compiler),
-           f"-DTORCH_EXTENSION_NAME={spec.name}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
+    cmd = [*buildinputs.compiler_command(), *prefix_map, f"-DTORCH_EXTENSION_NAME={spec.name}",
+           "-DTORCH_API_INCLUDE_EXTENSION_H"]
     cmd += [f"-I{p}" for p in spec.extra_include_paths]
     system = []
     tdir = torch_dir()
@@ -125,8 +124,12 @@ def direct_command(spec: StubSpec, source: str, output: str, depfile: str,
         # header does not need these, so leave out what this user cannot read.
         if d and os.access(d, os.R_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids):
             cmd += ["-isystem", d]
-    cmd += ["-fPIC", "-std=c++20", *spec.extra_cflags, source, "-shared", AS_NEEDED,
-            *spec.extra_ldflags, "-o", output]
+    # The caller's dependency-output options are dropped (buildinputs.without_dependency_output),
+    # and the build's own come after the caller's flags, where the last one given wins (a
+    # caller's -fcanonical-system-headers).
+    cmd += ["-fPIC", "-std=c++20", *buildinputs.without_dependency_output(spec.extra_cflags), source, "-shared",
+            AS_NEEDED, *buildinputs.without_dependency_output(spec.extra_ldflags), "-MD", "-MF", depfile, *buildinputs.dependency_name_flags(compiler),
+            *buildinputs.assembler_dep_flags(compiler), "-o", output]
     return cmd + buildinputs.extra_link_flags(compiler)
 
 
@@ -336,10 +339,13 @@ def load_inline_kwargs(spec: StubSpec, build_dir: str, verbose: bool = False, co
         # -I flags: torch shell-quotes extra_include_paths but does not escape `$` (or refuse line
         # breaks) for ninja. -I dirs are searched before torch's -isystem ones wherever they
         # appear, as torch's own -I would be.
-        extra_cflags=ninja_safe_flags([*buildinputs.prefix_map_flags(build_dir), *buildinputs.compile_dep_flags(compiler),
-                                       *includes, *spec.extra_cflags], "extra_cflags"),
+        # (the dependency lists' flags after the caller's: see direct_command)
+        extra_cflags=ninja_safe_flags([*buildinputs.prefix_map_flags(build_dir), *includes,
+                                       *buildinputs.without_dependency_output(spec.extra_cflags),
+                                       *buildinputs.compile_dep_flags(compiler)], "extra_cflags"),
         extra_cuda_cflags=ninja_safe_flags([*includes, *spec.extra_cuda_cflags], "extra_cuda_cflags"),
-        extra_ldflags=[AS_NEEDED, *ninja_safe_flags([*spec.extra_ldflags, *buildinputs.extra_link_flags(compiler)],
+        extra_ldflags=[AS_NEEDED, *ninja_safe_flags([*buildinputs.without_dependency_output(spec.extra_ldflags),
+                                                     *buildinputs.extra_link_flags(compiler)],
                                                     "extra_ldflags")],
         extra_include_paths=[],
         build_directory=build_dir,

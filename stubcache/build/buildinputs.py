@@ -35,6 +35,79 @@ def compiler_command() -> list[str]:
     return words or ["c++"]
 
 
+# A caller's own dependency-output options (torch's build takes them; none changes the library):
+# dropped from what the compiler runs with, because they narrow or move the lists tracking reads,
+# whatever their place on the line. gcc and clang keep system headers out of every list once
+# -MMD is given anywhere, and GNU as writes only the last --MD file named. (-M and -MM, which
+# stop before compiling, are left for the compiler to fail on, as torch's build does.)
+_DEP_OPTIONS = ("-MD", "-MMD", "-MP")
+_DEP_OPTIONS_WITH_ARG = ("-MF", "-MT", "-MQ")
+_AS_DEP_OPTION = "--MD"  # GNU as: --MD FILE
+
+
+def without_dependency_output(flags: list[str] | tuple[str, ...]) -> list[str]:
+    """``flags`` without their dependency-output options (see above): ``-MD``, ``-MMD``, ``-MP``,
+    ``-MF``/``-MT``/``-MQ`` with their argument (joined or the next word), the same inside
+    ``-Wp,`` lists, ``--MD FILE`` inside ``-Wa,`` lists, and those as ``-Xpreprocessor`` /
+    ``-Xassembler`` pairs. A ``-Wp,``/``-Wa,`` list keeps its other options."""
+    out: list[str] = []
+    skip_x = ""  # "-Xpreprocessor"/"-Xassembler": the next such pair carries a dropped option's argument
+    i = 0
+    while i < len(flags):
+        flag = flags[i]
+        i += 1
+        if flag in _DEP_OPTIONS:
+            continue
+        if flag in _DEP_OPTIONS_WITH_ARG:
+            i += 1
+            continue
+        if flag.startswith(_DEP_OPTIONS_WITH_ARG):
+            continue
+        if flag.startswith(("-Wp,", "-Wa,")):
+            kept = _without_in_list(flag[4:].split(","), preprocessor=flag[2] == "p")
+            if kept:
+                out.append(flag[:4] + ",".join(kept))
+            continue
+        if flag in ("-Xpreprocessor", "-Xassembler") and i < len(flags):
+            arg = flags[i]
+            i += 1
+            if skip_x == flag:  # the dropped option's argument
+                skip_x = ""
+                continue
+            kept = _without_in_list([arg], preprocessor=flag == "-Xpreprocessor")
+            if not kept:
+                if arg in _CC1_WITH_ARG or arg == _AS_DEP_OPTION:
+                    skip_x = flag
+                continue
+            out += [flag, arg]
+            continue
+        out.append(flag)
+    return out
+
+
+_CC1_WITH_ARG = ("-MD", "-MMD", *_DEP_OPTIONS_WITH_ARG)  # as the compiler proper takes them (-Wp,)
+
+
+def _without_in_list(words: list[str], preprocessor: bool) -> list[str]:
+    # One -Wp, (cc1: -MD FILE, -MMD FILE, -MF/-MT/-MQ ARG or joined, -MP) or -Wa, (as: --MD FILE) list.
+    kept: list[str] = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        i += 1
+        if preprocessor:
+            if word in _CC1_WITH_ARG:
+                i += 1
+                continue
+            if word == "-MP" or word.startswith(_DEP_OPTIONS_WITH_ARG):
+                continue
+        elif word == _AS_DEP_OPTION:
+            i += 1
+            continue
+        kept.append(word)
+    return kept
+
+
 def compile_dep_flags(compiler: dict[str, Any]) -> list[str]:
     """A full dependency list next to torch's ``-MMD`` one (``-MMD`` omits system headers).
 
@@ -154,7 +227,7 @@ def _compile_flags(spec: StubSpec, build_dir: str) -> list[str]:
                   *spec.extra_cflags]
         # The direct path compiles and links in one command: ldflags' -I dirs search too.
         flags += scan(spec.extra_ldflags).search
-    return [f for f in flags if not f.startswith(("-Wp,-M", "-M"))]
+    return [f for f in without_dependency_output(flags) if not f.startswith(("-Wp,-M", "-M"))]
 
 
 def start_search_probe(spec: StubSpec, build_dir: str, compiler: dict[str, Any] | None = None
@@ -170,8 +243,9 @@ def start_search_probe(spec: StubSpec, build_dir: str, compiler: dict[str, Any] 
         source = "main.cpp"
         # The direct command compiles and links in one: what extra_ldflags say to the
         # preprocessor (-D, -include, -fopenmp, -std=) counts, after extra_cflags, as there.
-        extra = [*dependency_name_flags(compiler), f"-DTORCH_EXTENSION_NAME={spec.name}",
-                 "-DTORCH_API_INCLUDE_EXTENSION_H", "-fPIC", *spec.extra_ldflags, "-M", "-MF", PROBE_DEPFILE]
+        extra = [f"-DTORCH_EXTENSION_NAME={spec.name}", "-DTORCH_API_INCLUDE_EXTENSION_H", "-fPIC",
+                 *without_dependency_output(spec.extra_ldflags), *dependency_name_flags(compiler), "-M", "-MF",
+                 PROBE_DEPFILE]
     try:
         return tracking.start_search_path([*compiler_command(), *_compile_flags(spec, build_dir), *extra], build_dir,
                                           source)
