@@ -547,3 +547,38 @@ def test_a_callers_dependency_output_options_are_found_in_every_spelling(flags, 
     from stubcache.build.buildinputs import without_dependency_output
 
     assert without_dependency_output(flags) == kept
+
+
+@pytest.mark.parametrize("how", ["L", "LIBRARY_PATH"])
+def test_a_library_a_linker_script_names_is_shadowed_along_the_library_path(cache_root, cxx, tmp_path, how):
+    """``libwrap.a`` is a linker script, ``INPUT(-ldep)``: the linker looks ``-ldep`` up along
+    the same path as a flag's, so a ``libdep.a`` appearing in an earlier directory is what a
+    fresh link would take (found by review: scripts' names had no shadow rows)."""
+    l1, l2 = tmp_path / "l1", tmp_path / "l2"
+    l1.mkdir()
+    l2.mkdir()
+    _archive(tmp_path, l2 / "libdep.a", 1)
+    (l2 / "libwrap.a").write_text("/* a script */ INPUT(-ldep)\n")
+    env = None
+    if how == "L":
+        spec = {"name": "lib_script", "cpp_sources": DEP_SRC, "extra_ldflags": [f"-L{l1}", f"-L{l2}", "-lwrap"]}
+    else:
+        spec = {"name": "lib_script_env", "cpp_sources": DEP_SRC, "extra_ldflags": ["-lwrap"]}
+        env = {"LIBRARY_PATH": f"{l1}:{l2}"}
+    cycle(cxx, spec, lambda: _archive(tmp_path, l1 / "libdep.a", 2), (l1 / "libdep.a").unlink, env=env)
+
+
+def test_the_names_a_linker_script_hands_the_linker(tmp_path):
+    from stubcache.key.tracking import script_library_names
+
+    script = tmp_path / "libx.so"
+    script.write_text("/* GROUP(-lnot) */\nOUTPUT_FORMAT(elf64-x86-64)\n"
+                      "GROUP ( /lib/libc.so.6 libc_nonshared.a AS_NEEDED ( -lfoo /lib/ld.so ) )\nINPUT(-lbar,libz.so.1)\n")
+    elf = tmp_path / "libe.so"
+    elf.write_bytes(b"\x7fELF INPUT(-lno)")
+    header = tmp_path / "h.h"
+    header.write_text("INPUT(-lno)")
+    fifo = tmp_path / "libf.so"
+    os.mkfifo(fifo)
+    assert script_library_names([str(script), str(elf), str(header), str(fifo), str(tmp_path / "libgone.a")]) == [
+        ":libc_nonshared.a", "foo", "bar", ":libz.so.1"]

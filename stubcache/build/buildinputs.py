@@ -338,8 +338,11 @@ def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: 
     # The link step's -L/-l (through -Wl, too): on the direct path that is the one command.
     link = (scan(spec.extra_cflags, spec.extra_ldflags) if spec.build_method == "direct"
             else scan(spec.extra_ldflags))
-    libs = tracking.library_candidates([os.path.join(build_dir, d) for d in deps], link.lib_dirs, link.lib_names,
-                                     os.environ.get("LIBRARY_PATH"))
+    dep_paths = [os.path.join(build_dir, d) for d in deps]
+    # (-l names in the linker scripts read are looked up along the same path)
+    libs = tracking.library_candidates(dep_paths, link.lib_dirs,
+                                       [*link.lib_names, *tracking.script_library_names(dep_paths)],
+                                       os.environ.get("LIBRARY_PATH"))
     if libs:
         tracked.record["shadows"] = tracking.file_candidates(libs, pinned, tracked.record.get("shadows") or {},
                                                           started_ns, tracked.unstable)

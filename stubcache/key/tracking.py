@@ -823,6 +823,54 @@ def files_named_by_flags(flags: Iterable[str]) -> list[str]:
     return out
 
 
+SCRIPT_CAP = 1 << 20  # a linker script read for the names it hands the linker (libc.so's is 0.3 KiB)
+_NOT_SCRIPTS = (b"\x7fELF", b"!<arch>\n", b"!<thin>\n")
+
+
+def script_library_names(deps: Iterable[str]) -> list[str]:
+    """What the linker scripts among ``deps`` (files the linker read) ask the linker to find
+    along its library path, as :func:`library_candidates` takes names: ``NAME`` for a ``-lNAME``
+    and ``:FILE`` for a file named without a directory, in their ``INPUT``, ``GROUP`` and
+    ``AS_NEEDED`` lists (Debian's ``libncurses.so`` is ``INPUT(libncurses.so.6 -ltinfo)``). A file
+    that is not a regular file, is over :data:`SCRIPT_CAP` or cannot be read names nothing."""
+    names: list[str] = []
+    for dep in deps:
+        base = os.path.basename(dep)
+        if not (base.endswith((".so", ".a")) or ".so." in base):  # a library's name (not a header)
+            continue
+        try:
+            fd = os.open(dep, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size > SCRIPT_CAP or os.pread(fd, 8, 0).startswith(_NOT_SCRIPTS):
+                continue
+            from ..edge import fsroot
+
+            text = fsroot.read_fd(fd, SCRIPT_CAP, dep).decode("latin-1")
+        except (OSError, ValueError):
+            continue
+        finally:
+            os.close(fd)
+        names += _script_inputs(text)
+    return names
+
+
+def _script_inputs(text: str) -> list[str]:
+    import re
+
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    names: list[str] = []
+    for m in re.finditer(r"\b(?:INPUT|GROUP)\s*\(((?:[^()]|\([^()]*\))*)\)", text):
+        for word in re.split(r"[\s,()]+", m.group(1)):
+            if word.startswith("-l") and len(word) > 2:
+                names.append(word[2:])
+            elif word and word != "AS_NEEDED" and "/" not in word and not word.startswith("-"):
+                names.append(":" + word)
+    return names
+
+
 def library_candidates(deps: Iterable[str], lib_dirs: Iterable[str], lib_names: Iterable[str],
                        library_path: str | None) -> list[str]:
     """Paths where a new file would change what ``-lNAME`` links: for each library the linker
