@@ -582,3 +582,48 @@ def test_the_names_a_linker_script_hands_the_linker(tmp_path):
     os.mkfifo(fifo)
     assert script_library_names([str(script), str(elf), str(header), str(fifo), str(tmp_path / "libgone.a")]) == [
         ":libc_nonshared.a", "foo", "bar", ":libz.so.1"]
+
+
+PLUGIN_SRC = r"""
+/* A minimal ld plugin: once all symbols are read, it adds one object file to the link. */
+struct tv { int tag; union { int val; const char *str; void *ptr; } u; };
+typedef int (*add_input_file_fn)(const char *);
+typedef int (*all_symbols_read_fn)(void);
+typedef int (*register_fn)(all_symbols_read_fn);
+static add_input_file_fn add_input_file;
+static int all_read(void) { return add_input_file(OBJ) ? 1 : 0; }
+int onload(struct tv *t) {
+  register_fn reg = 0;
+  for (; t->tag != 0; t++) {
+    if (t->tag == 6) reg = (register_fn)t->u.ptr;  /* LDPT_REGISTER_ALL_SYMBOLS_READ_HOOK */
+    if (t->tag == 10) add_input_file = (add_input_file_fn)t->u.ptr;  /* LDPT_ADD_INPUT_FILE */
+  }
+  if (reg && add_input_file) reg(all_read);
+  return 0;
+}
+"""
+
+
+def test_a_linker_plugin_appearing_in_a_program_directory_misses(cache_root, cxx, tmp_path):
+    """gcc hands ld ``-plugin DIR/liblto_plugin.so`` for the first of its program directories
+    (``COMPILER_PATH``, ``-B``, its own) that has one: a plugin appearing in ``COMPILER_PATH``
+    is loaded by a fresh link, and here adds an object defining ``weak_value`` (found by review)."""
+    if not cxx.is_gcc:
+        pytest.skip("gcc's driver")
+    own = subprocess.run([cxx.real, "-print-file-name=liblto_plugin.so"], capture_output=True, text=True).stdout.strip()
+    if not os.path.isabs(own):
+        pytest.skip("this gcc has no linker plugin")
+    work, progs = tmp_path / "o", tmp_path / "progs"
+    work.mkdir()
+    progs.mkdir()
+    (work / "two.c").write_text("int weak_value(void) { return 2; }\n")
+    subprocess.run(["cc", "-fPIC", "-c", str(work / "two.c"), "-o", str(work / "two.o")], check=True)
+    (work / "plugin.c").write_text(PLUGIN_SRC)
+    built = work / "liblto_plugin.so"
+    subprocess.run(["cc", "-shared", "-fPIC", f'-DOBJ="{work / "two.o"}"', str(work / "plugin.c"), "-o", str(built)],
+                   check=True)
+    src = ('extern "C" int weak_value(void) __attribute__((weak));\n'
+           'extern "C" int value(void) { return weak_value ? weak_value() : 1; }\n')
+    spec = {"name": "lto_plugin", "cpp_sources": src}
+    cycle(cxx, spec, lambda: shutil.copy(built, progs / "liblto_plugin.so"), (progs / "liblto_plugin.so").unlink,
+          env={"COMPILER_PATH": str(progs)})

@@ -97,7 +97,7 @@ def _spoil(tmp_path, how: str) -> None:
             f.write_text(json.dumps({"memo_key": data["memo_key"], "value": [1, {"real": None}]}))
         elif how == "another key":
             data = json.loads(f.read_text())
-            f.write_text(json.dumps({"memo_key": "cc5:elsewhere", "value": data["value"]}))
+            f.write_text(json.dumps({"memo_key": "cc6:elsewhere", "value": data["value"]}))
         elif how == "garbage":
             f.write_bytes(b"\x00{[" * 100)
 
@@ -140,7 +140,7 @@ def test_a_memo_answer_of_the_wrong_shape_does_not_fail_the_build(cache_root, lo
     probes(log)
     for f in memo_files(tmp_path):
         data = json.loads(f.read_text())
-        if data["memo_key"].startswith("cc5:"):
+        if data["memo_key"].startswith("cc6:"):
             f.write_text(json.dumps({"memo_key": data["memo_key"], "value": {}}))
     build(tmp_path / "root-b", 5)
     assert probes(log)

@@ -200,7 +200,7 @@ def compiler_identity(command: str, memo: Callable[..., dict[str, Any]],
         # The program is named by its inode and change time too: the answer is kept per user
         # across roots (probememo), and a program replaced by one of the same size and mtime
         # (`cp -p`, `touch -r`, an `mv` over it) must be probed again.
-        memo_key = (f"cc5:{command}:{found}:{path}:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:"
+        memo_key = (f"cc6:{command}:{found}:{path}:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:"
                     f"{st.st_ctime_ns}:{os.environ.get('PATH', '')}:"
                     f"{driver and os.path.realpath(driver)}:{dsig}:{_tool_env()}")
         wrapper = is_wrapper(found)
@@ -423,8 +423,23 @@ def programs_dirs(text: str) -> list[str]:
     return []
 
 
-# Programs a driver looks up in its program directories (-B, COMPILER_PATH, its own) before PATH.
-WATCHED_PROGRAMS = ("as", "ld", "collect2", "cc1plus", "cc1", "lto-wrapper")
+# Programs a driver looks up in its program directories (-B, COMPILER_PATH, its own) before PATH,
+# and gcc's linker plugin, which it finds there too and hands ld to load (-plugin).
+WATCHED_PROGRAMS = ("as", "ld", "collect2", "cc1plus", "cc1", "lto-wrapper", "liblto_plugin.so")
+
+
+def linker_plugin(programs: list[str], cc1: str | None) -> str | None:
+    """The linker plugin gcc's driver hands ld (``-plugin``, which ld loads and which may add to
+    the link): the first readable ``liblto_plugin.so`` in its program directories (``programs``,
+    as :func:`programs_dirs` gives them), by real path; ``None`` for another driver (``cc1``:
+    the compiler proper it runs) or where there is none."""
+    if not cc1 or os.path.basename(cc1) != "cc1plus":
+        return None
+    for d in programs:
+        path = os.path.join(d, "liblto_plugin.so")
+        if os.access(path, os.R_OK) and os.path.isfile(path):
+            return os.path.realpath(path)
+    return None
 
 
 def search_validators(programs: list[str], answers: list[str]) -> list[list[Any]]:
@@ -573,6 +588,9 @@ def _probe_answers(procs: list[Any], hash_on_thread: Callable[[str | None], None
     real["as"] = {"path": as_path, "sha256": sums.get(as_path), "version": as_version} if as_path else None
     real["ld"] = {"path": ld_path, "sha256": sums.get(ld_path), "version": ld_version} if ld_path else None
     real["ld_depfile"] = ld_depfile
+    plugin = linker_plugin(programs_dirs(search_dirs), cc1)
+    if plugin:
+        real["lto_plugin"] = {"path": plugin, "sha256": _file_sha256(plugin)}
     # The compiler's own directories: their files are pinned by its version (see inputs.py).
     real["own_dirs"] = compiler_dirs_from(own)
     # Its C++ standard library headers (libstdc++'s /usr/include/c++/<v>, libc++'s
@@ -669,7 +687,7 @@ def _clang_linker(output: str) -> str | None:
 
 def flag_tools(cxx: str, flags: tuple[Any, ...], ident: dict[str, Any], memo: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     """See :meth:`Fingerprint.flag_tools`."""
-    memo_key = (f"tools3:{ident.get('path')}:{ident.get('version')}:{flags}:{os.environ.get('PATH', '')}:"
+    memo_key = (f"tools4:{ident.get('path')}:{ident.get('version')}:{flags}:{os.environ.get('PATH', '')}:"
                 f"{_tool_env()}")
 
     def compute() -> dict[str, Any]:
@@ -685,7 +703,8 @@ def flag_tools(cxx: str, flags: tuple[Any, ...], ident: dict[str, Any], memo: Ca
             cmds.append([*words, *flags, "-###", "-shared", "-x", "none", os.devnull, "-o", os.devnull])
         names = _run_all(cmds)
         linker = _clang_linker(names.pop()) if clang else None
-        searched = search_validators(programs_dirs(names.pop()), [n.strip() for n in names])
+        dirs = programs_dirs(names.pop())
+        searched = search_validators(dirs, [n.strip() for n in names])
         if linker:
             names[2] = linker
         value: dict[str, Any] = {"flags": list(flags), "validators": []}
@@ -694,6 +713,10 @@ def flag_tools(cxx: str, flags: tuple[Any, ...], ident: dict[str, Any], memo: Ca
             value[prog] = tool
             if tool:
                 value["validators"].append([tool["path"], path_sig(tool["path"])])
+        plugin = linker_plugin(dirs, (value["cc1plus"] or {}).get("path"))
+        value["lto_plugin"] = {"path": plugin, "sha256": _file_sha256(plugin)} if plugin else None
+        if plugin:
+            value["validators"].append([plugin, path_sig(plugin)])
         value["validators"] += searched  # where it looked (-B directories first)
         return value
 
