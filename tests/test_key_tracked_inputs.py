@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -627,3 +628,40 @@ def test_a_linker_plugin_appearing_in_a_program_directory_misses(cache_root, cxx
     spec = {"name": "lto_plugin", "cpp_sources": src}
     cycle(cxx, spec, lambda: shutil.copy(built, progs / "liblto_plugin.so"), (progs / "liblto_plugin.so").unlink,
           env={"COMPILER_PATH": str(progs)})
+
+
+@pytest.mark.parametrize("where", ["-B", "LIBRARY_PATH"])
+def test_a_start_file_appearing_earlier_on_the_drivers_own_list_misses(cache_root, cxx, tmp_path, where):
+    """gcc finds its start files (``crti.o``…) along its ``libraries:`` list, ``-B`` and
+    ``LIBRARY_PATH`` directories (with its multiarch suffixes) first: a ``crti.o`` appearing
+    there is what a fresh link takes (here the real one plus a definition of ``weak_value``;
+    found by review)."""
+    if not cxx.is_gcc:
+        pytest.skip("gcc's driver")
+    real = subprocess.run([cxx.real, "-print-file-name=crti.o"], capture_output=True, text=True).stdout.strip()
+    if not os.path.isabs(real):
+        pytest.skip("no crti.o")
+    work = tmp_path / "o"
+    work.mkdir()
+    (work / "two.c").write_text("int weak_value(void) { return 2; }\n")
+    subprocess.run(["cc", "-fPIC", "-c", str(work / "two.c"), "-o", str(work / "two.o")], check=True)
+    shadowing = work / "crti.o"
+    subprocess.run(["ld", "-r", real, str(work / "two.o"), "-o", str(shadowing)], check=True)
+    src = ('extern "C" int weak_value(void) __attribute__((weak));\n'
+           'extern "C" int value(void) { return weak_value ? weak_value() : 1; }\n')
+    spec: dict = {"name": "startfile", "cpp_sources": src}
+    env = None
+    if where == "-B":
+        target = tmp_path / "bdir"
+        spec["extra_cflags"] = [f"-B{target}/"]
+    else:
+        found = subprocess.run([cxx.real, "-print-search-dirs"], capture_output=True, text=True,
+                               env=dict(os.environ, LIBRARY_PATH=str(tmp_path / "lp"))).stdout
+        libs = next(ln for ln in found.splitlines() if ln.startswith("libraries: "))
+        first = libs[len("libraries: "):].lstrip("=").split(":")[0]
+        if not first.startswith(str(tmp_path / "lp")):
+            pytest.skip("this gcc does not search LIBRARY_PATH first")
+        target = Path(first)  # LIBRARY_PATH/<multiarch>/<version>/, as gcc appends them
+        env = {"LIBRARY_PATH": str(tmp_path / "lp")}
+    target.mkdir(parents=True)
+    cycle(cxx, spec, lambda: shutil.copy(shadowing, target / "crti.o"), (target / "crti.o").unlink, env=env)

@@ -343,6 +343,8 @@ def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: 
     libs = tracking.library_candidates(dep_paths, link.lib_dirs,
                                        [*link.lib_names, *tracking.script_library_names(dep_paths)],
                                        os.environ.get("LIBRARY_PATH"))
+    # What the driver found along its own list (start files, the libraries it adds), -B first
+    libs += tracking.search_list_candidates(dep_paths, [*_b_dirs(link.tool_flags), *(facts.get("library_dirs") or [])])
     if libs:
         tracked.record["shadows"] = tracking.file_candidates(libs, pinned, tracked.record.get("shadows") or {},
                                                           started_ns, tracked.unstable)
@@ -351,15 +353,21 @@ def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: 
     return tracked
 
 
-def _found_in_b_dirs(found: FlagScan) -> list[str]:
-    """Files named relatively by flags (``-specs=my.specs``) that gcc looks up in the ``-B``
-    directories, where they exist now."""
-    bdirs, tools = [], list(found.tool_flags)
+def _b_dirs(tool_flags: tuple[str, ...]) -> list[str]:
+    """The ``-B`` directories of a scan's tool flags, in order."""
+    bdirs, tools = [], list(tool_flags)
     for i, f in enumerate(tools):
         if f == "-B" and i + 1 < len(tools):
             bdirs.append(tools[i + 1])
         elif f.startswith("-B") and len(f) > 2:
             bdirs.append(f[2:])
+    return bdirs
+
+
+def _found_in_b_dirs(found: FlagScan) -> list[str]:
+    """Files named relatively by flags (``-specs=my.specs``) that gcc looks up in the ``-B``
+    directories, where they exist now."""
+    bdirs = _b_dirs(found.tool_flags)
     return [p for f in found.files if not os.path.isabs(f) for d in bdirs if os.path.isabs(d)
             for p in [os.path.join(d, f)] if os.path.isfile(p)]
 

@@ -414,6 +414,16 @@ def _resolve_tool(path: str | None) -> str | None:
     return os.path.realpath(path) if path else None
 
 
+def libraries_dirs(text: str) -> list[str]:
+    """The directories a driver searches for start files (``crti.o``…) and hands the linker as
+    ``-L`` after the caller's (its ``-print-search-dirs`` ``libraries:`` line: ``-B``,
+    ``GCC_EXEC_PREFIX`` and ``LIBRARY_PATH`` directories among its own), as given."""
+    for line in text.splitlines():
+        if line.startswith("libraries: "):
+            return [d for d in line[len("libraries: "):].lstrip("=").split(os.pathsep) if d]
+    return []
+
+
 def programs_dirs(text: str) -> list[str]:
     """The directories a driver searches for the programs it runs (its ``-print-search-dirs``
     ``programs:`` line: ``-B`` and ``COMPILER_PATH`` directories, then its own), as given."""
@@ -591,6 +601,7 @@ def _probe_answers(procs: list[Any], hash_on_thread: Callable[[str | None], None
     plugin = linker_plugin(programs_dirs(search_dirs), cc1)
     if plugin:
         real["lto_plugin"] = {"path": plugin, "sha256": _file_sha256(plugin)}
+    real["library_dirs"] = libraries_dirs(search_dirs)
     # The compiler's own directories: their files are pinned by its version (see inputs.py).
     real["own_dirs"] = compiler_dirs_from(own)
     # Its C++ standard library headers (libstdc++'s /usr/include/c++/<v>, libc++'s

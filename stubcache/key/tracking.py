@@ -823,6 +823,26 @@ def files_named_by_flags(flags: Iterable[str]) -> list[str]:
     return out
 
 
+def search_list_candidates(deps: Iterable[str], dirs: Sequence[str]) -> list[str]:
+    """Paths where a new file would change what the link read from a search list the driver
+    walks itself (``dirs``: its ``libraries:`` list, for start files such as ``crti.o`` and, as
+    ``-L``, the libraries it adds, ``-lstdc++``, ``-lc``): for each object, archive or shared
+    library in ``deps`` found in one of ``dirs``, the same name in every directory before it."""
+    index: dict[str, int] = {}
+    for i, d in enumerate(dirs):
+        if os.path.isabs(d):
+            index.setdefault(kpath.tidy(d), i)
+    out: list[str] = []
+    for dep in deps:
+        base = os.path.basename(dep)
+        if not (base.endswith((".o", ".so", ".a")) or ".so." in base):
+            continue
+        i = index.get(os.path.dirname(kpath.tidy(dep)))
+        if i:
+            out += [os.path.join(d, base) for d in dirs[:i] if os.path.isabs(d)]
+    return out
+
+
 SCRIPT_CAP = 1 << 20  # a linker script read for the names it hands the linker (libc.so's is 0.3 KiB)
 _NOT_SCRIPTS = (b"\x7fELF", b"!<arch>\n", b"!<thin>\n")
 
