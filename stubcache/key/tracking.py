@@ -837,9 +837,9 @@ def search_list_candidates(deps: Iterable[str], dirs: Sequence[str]) -> list[str
         base = os.path.basename(dep)
         if not (base.endswith((".o", ".so", ".a")) or ".so." in base):
             continue
-        i = index.get(os.path.dirname(kpath.tidy(dep)))
-        if i:
-            out += [os.path.join(d, base) for d in dirs[:i] if os.path.isabs(d)]
+        at = index.get(os.path.dirname(kpath.tidy(dep)))
+        if at:
+            out += [os.path.join(d, base) for d in dirs[:at] if os.path.isabs(d)]
     return out
 
 
