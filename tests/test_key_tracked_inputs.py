@@ -665,3 +665,73 @@ def test_a_start_file_appearing_earlier_on_the_drivers_own_list_misses(cache_roo
         env = {"LIBRARY_PATH": str(tmp_path / "lp")}
     target.mkdir(parents=True)
     cycle(cxx, spec, lambda: shutil.copy(shadowing, target / "crti.o"), (target / "crti.o").unlink, env=env)
+
+
+def test_a_relative_specs_file_found_along_library_path_is_tracked(cache_root, cxx, tmp_path):
+    """gcc looks a relative ``-specs=NAME`` up in its start-file directories, ``LIBRARY_PATH``
+    among them: that file is an input, and one appearing earlier is what a fresh build reads
+    (found by review)."""
+    if not cxx.is_gcc:
+        pytest.skip("specs files are gcc's")
+    early, late = tmp_path / "early", tmp_path / "late"
+    early.mkdir()
+    late.mkdir()
+    specs = late / "val.specs"
+    specs.write_text("*cc1plus:\n+ -DVAL=1\n\n")
+    env = {"LIBRARY_PATH": f"{early}:{late}"}
+    spec = {"name": "specs_lp", "cpp_sources": value_src(), "extra_cflags": ["-specs=val.specs"]}
+    cycle(cxx, spec, lambda: specs.write_text("*cc1plus:\n+ -DVAL=2 \n\n"),
+          lambda: specs.write_text("*cc1plus:\n+ -DVAL=1\n\n"), env=env)
+    shadow = early / "val.specs"
+    cycle(cxx, spec, lambda: shadow.write_text("*cc1plus:\n+ -DVAL=2\n\n"), shadow.unlink, env=env)
+
+
+def test_a_file_a_specs_file_includes_is_tracked(cache_root, cxx, tmp_path):
+    """``%include <FILE>`` in a specs file reads FILE (found by review)."""
+    if not cxx.is_gcc:
+        pytest.skip("specs files are gcc's")
+    inner = tmp_path / "inner.specs"
+    inner.write_text("*cc1plus:\n+ -DVAL=1\n\n")
+    outer = tmp_path / "outer.specs"
+    outer.write_text(f"%include <{inner}>\n")
+    spec = {"name": "specs_inc", "cpp_sources": value_src(), "extra_cflags": [f"-specs={outer}"]}
+    cycle(cxx, spec, lambda: inner.write_text("*cc1plus:\n+ -DVAL=2 \n\n"),
+          lambda: inner.write_text("*cc1plus:\n+ -DVAL=1\n\n"))
+
+
+def test_specs_files_are_followed_as_gcc_finds_them(tmp_path):
+    from stubcache.key.tracking import specs_files
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    (b / "top.specs").write_text(f"%include <mid.specs>\n%include_noerr <{tmp_path / 'none.specs'}>\n")
+    (b / "mid.specs").write_text("%include <top.specs>\n")  # a loop ends
+    read, watch = specs_files(["top.specs"], [str(a), str(b), "relative"])
+    assert read == [str(b / "top.specs"), str(b / "mid.specs")]
+    assert watch == [str(a / "top.specs"), str(a / "mid.specs"), str(tmp_path / "none.specs")]
+
+
+def test_a_file_the_assembler_finds_along_its_include_dirs_is_shadowed(cache_root, cxx, tmp_path):
+    """``.incbin "data.bin"`` with ``-Wa,-I,a,-I,b``: GNU as takes the first ``data.bin`` along
+    its ``-I`` list, so one appearing in ``a`` is what a fresh build reads (found by review)."""
+    real = subprocess.run([cxx.real, "-print-prog-name=cc1plus"], capture_output=True, text=True).stdout.strip()
+    if not cxx.is_gcc or not os.path.isabs(real):
+        pytest.skip("needs gcc with GNU as")
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    (b / "data.bin").write_bytes((1).to_bytes(4, "little"))
+    src = ('asm(".section .rodata\\n.globl blob\\nblob: .incbin \\"data.bin\\"\\n.text");\n'
+           'extern "C" const int blob;\nextern "C" int value(void) { return blob; }\n')
+    spec = {"name": "incbin_dirs", "cpp_sources": src, "extra_cflags": [f"-Wa,-I,{a},-I{b}"]}
+    cycle(cxx, spec, lambda: (a / "data.bin").write_bytes((2).to_bytes(4, "little")), (a / "data.bin").unlink)
+
+
+def test_the_assemblers_include_dirs_and_what_they_shadow():
+    from stubcache.key.tracking import assembler_include_dirs, prefix_list_candidates
+
+    flags = ["-O2", "-Wa,-I,/a,--noexecstack,-I/b", "-Xassembler", "-I", "-Xassembler", "/c", "-I/not-as"]
+    assert assembler_include_dirs(flags) == ["/a", "/b", "/c"]
+    assert prefix_list_candidates(["/c/x/d.bin", "/b/e.bin", "/a/f.bin", "/z/g.bin"], ["/a", "/b", "/c"]) == [
+        "/a/x/d.bin", "/b/x/d.bin", "/a/e.bin"]

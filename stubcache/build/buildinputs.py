@@ -324,6 +324,10 @@ def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: 
     ran = compiler_that_ran(search, facts, bool(spec.tool_flags))
     named = tracking.files_named_by_flags(spec.extra_cflags + spec.extra_cuda_cflags + spec.extra_ldflags)
     named += _found_in_b_dirs(scan(spec.extra_cflags, spec.extra_ldflags))
+    startfile_dirs = _startfile_dirs(scan(spec.extra_cflags, spec.extra_ldflags).tool_flags, facts)
+    specs_read, specs_watch = tracking.specs_files(_specs_names([*spec.extra_cflags, *spec.extra_ldflags]),
+                                                   startfile_dirs)
+    named += specs_read
     tracker = pre.tracker if pre is not None else None
     if tracker is not None and pre is not None and deps[:len(pre.predicted)] == pre.predicted:
         tracker.recheck()  # (what it tracked before the compiler ended: unchanged since?)
@@ -343,14 +347,38 @@ def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: 
     libs = tracking.library_candidates(dep_paths, link.lib_dirs,
                                        [*link.lib_names, *tracking.script_library_names(dep_paths)],
                                        os.environ.get("LIBRARY_PATH"))
-    # What the driver found along its own list (start files, the libraries it adds), -B first
-    libs += tracking.search_list_candidates(dep_paths, [*_b_dirs(link.tool_flags), *(facts.get("library_dirs") or [])])
+    # What the driver found along its own list (start files, the libraries it adds, specs files)
+    libs += tracking.search_list_candidates(dep_paths, startfile_dirs) + specs_watch
+    # (.include/.incbin names GNU as found along its own -I list)
+    libs += tracking.prefix_list_candidates(dep_paths, tracking.assembler_include_dirs(
+        [*spec.extra_cflags, *spec.extra_ldflags] if spec.build_method == "direct" else list(spec.extra_cflags)))
     if libs:
         tracked.record["shadows"] = tracking.file_candidates(libs, pinned, tracked.record.get("shadows") or {},
                                                           started_ns, tracked.unstable)
     if ran:
         tracked.unstable.append(ran)
     return tracked
+
+
+def _startfile_dirs(tool_flags: tuple[str, ...], facts: dict[str, Any]) -> list[str]:
+    """Where gcc's driver looks for start files and specs files, as far as a build can tell: the
+    ``-B`` directories, then ``LIBRARY_PATH``'s and its probed ``libraries:`` list (which holds
+    those with its multiarch suffixes; the bare ones first, so that they are watched either way)."""
+    library_path = [d for d in os.environ.get("LIBRARY_PATH", "").split(":") if os.path.isabs(d)]
+    return [*_b_dirs(tool_flags), *library_path, *(facts.get("library_dirs") or [])]
+
+
+def _specs_names(flags: list[str]) -> list[str]:
+    """The specs files ``-specs=FILE`` (``--specs=``, ``-specs FILE``) flags name, in order."""
+    names = []
+    for i, f in enumerate(flags):
+        name, eq, value = f.partition("=")
+        if name in ("-specs", "--specs"):
+            if eq:
+                names.append(value)
+            elif i + 1 < len(flags):
+                names.append(flags[i + 1])
+    return names
 
 
 def _b_dirs(tool_flags: tuple[str, ...]) -> list[str]:

@@ -38,7 +38,8 @@ FORMAT_VERSION = 6  # 2: real compiler, tracked inputs, needless fields nulled; 
 #                    4: separate_units in the spec; 5: shadow rows record what the compiler passed over;
 #                    6: a caller's dependency-output flags no longer narrow the tracked headers; the
 #                    libraries linker scripts name have shadow rows; gcc's linker plugin in the key;
-#                    start files and the driver's libraries have shadow rows along its own list
+#                    start files and the driver's libraries have shadow rows along its own list; specs
+#                    files as gcc finds them and what they %include; GNU as's -I search watched
 
 # KEY_ENV_VARS (stubcache.hit's, imported above): the environment variables that can change a
 # build's output; a hit record and a start template hold their values (docs/cache.md's table).

@@ -843,6 +843,105 @@ def search_list_candidates(deps: Iterable[str], dirs: Sequence[str]) -> list[str
     return out
 
 
+def prefix_list_candidates(deps: Iterable[str], dirs: Sequence[str]) -> list[str]:
+    """Paths where a new file would change what a search along ``dirs`` found (GNU as's ``-I``
+    directories for ``.include`` and ``.incbin``): for each of ``deps`` under one of ``dirs``, its
+    path below that directory in every directory before it."""
+    roots = [kpath.tidy(d) for d in dirs if os.path.isabs(d)]
+    out: list[str] = []
+    for dep in deps:
+        path = kpath.tidy(dep)
+        for i, root in enumerate(roots):
+            if path.startswith(root + "/"):
+                out += [os.path.join(r, path[len(root) + 1:]) for r in roots[:i]]
+                break
+    return out
+
+
+def assembler_include_dirs(flags: Sequence[str]) -> list[str]:
+    """GNU as's ``-I`` directories among compiler flags (``-Wa,-I,DIR``, ``-Wa,-IDIR``,
+    ``-Xassembler -I -Xassembler DIR``), in order."""
+    words: list[str] = []
+    for i, f in enumerate(flags):
+        if f.startswith("-Wa,"):
+            words += f[4:].split(",")
+        elif f == "-Xassembler" and i + 1 < len(flags):
+            words.append(flags[i + 1])
+    dirs = []
+    for i, w in enumerate(words):
+        if w == "-I" and i + 1 < len(words):
+            dirs.append(words[i + 1])
+        elif w.startswith("-I") and len(w) > 2:
+            dirs.append(w[2:])
+    return dirs
+
+
+SPECS_DEPTH = 10  # %include levels of specs files followed
+
+
+def specs_files(names: Iterable[str], dirs: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The specs files gcc reads for ``-specs=`` ``names`` and what they ``%include``
+    (``%include_noerr``), recursively: a relative name is looked up along ``dirs`` (its start-file
+    directories, :func:`stubcache.build.buildinputs._startfile_dirs`), the first regular file
+    found. Returns ``(read, watch)``: the files read (absolute names given too), and the paths
+    where a new file would be read instead (the name in every directory before the one it was
+    found in, or in all of them, or an absolute ``%include_noerr`` name that does not exist)."""
+    read: list[str] = []
+    watch: list[str] = []
+    todo = [(n, 0) for n in names]
+    while todo:
+        name, depth = todo.pop(0)
+        if not name or "\0" in name:
+            continue
+        found = None
+        if os.path.isabs(name):
+            if os.path.isfile(name):
+                found = name
+            else:
+                watch.append(name)
+        else:
+            for d in dirs:
+                if not os.path.isabs(d):
+                    continue
+                path = os.path.join(d, name)
+                if os.path.isfile(path):
+                    found = path
+                    break
+                watch.append(path)
+        if found is None or found in read:
+            continue
+        read.append(found)
+        if depth < SPECS_DEPTH:
+            todo += [(inc, depth + 1) for inc in _specs_includes(found)]
+    return read, list(dict.fromkeys(watch))
+
+
+def _specs_includes(path: str) -> list[str]:
+    # The files a specs file names in %include <FILE> and %include_noerr <FILE> lines.
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return []
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return []
+        from ..edge import fsroot
+
+        text = fsroot.read_fd(fd, SCRIPT_CAP, path).decode("latin-1")
+    except (OSError, ValueError):
+        return []
+    finally:
+        os.close(fd)
+    out = []
+    for line in text.splitlines():
+        words = line.strip().split(None, 1)
+        if len(words) == 2 and words[0] in ("%include", "%include_noerr"):
+            arg = words[1].strip()
+            if arg.startswith("<") and arg.endswith(">"):
+                out.append(arg[1:-1])
+    return out
+
+
 SCRIPT_CAP = 1 << 20  # a linker script read for the names it hands the linker (libc.so's is 0.3 KiB)
 _NOT_SCRIPTS = (b"\x7fELF", b"!<arch>\n", b"!<thin>\n")
 
