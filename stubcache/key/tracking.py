@@ -752,14 +752,17 @@ def file_candidates(cands: Iterable[str], pinned: Sequence[str] = (), out: dict[
             seen.add(follow)
             todo.append((follow, depth + 1))
 
+    first_st: dict[str, Any] = {}  # anc/first -> its lstat (None: absent), shared by a missing directory's candidates
     k = 0
     while k < len(todo):
         c, depth = todo[k]
         k += 1
-        try:
-            st = os.lstat(c)
-        except (OSError, ValueError):
-            st = None
+        st = None
+        if isdir(os.path.dirname(c)):  # (else nothing can be at c: no lstat, one per directory)
+            try:
+                st = os.lstat(c)
+            except (OSError, ValueError):
+                pass
         if st is not None:  # present and not chosen (#include_next, or another spelling) ...
             if (started_ns is not None and unstable is not None and not stat.S_ISDIR(st.st_mode)
                     and st.st_ctime_ns >= started_ns - slack_ns(st.st_ctime_ns)):
@@ -780,10 +783,14 @@ def file_candidates(cands: Iterable[str], pinned: Sequence[str] = (), out: dict[
             continue  # inside a pinned directory (a nested search dir's spelling): pinned too
         rel = c[len(anc.rstrip("/")) + 1:]  # c lies under anc as spelled (no relpath: it collapses `..`)
         first, _, rest = rel.partition(os.sep)
-        try:
-            fst = os.lstat(os.path.join(anc, first))
-        except (OSError, ValueError):
-            fst = None
+        head = os.path.join(anc, first)
+        if head in first_st:
+            fst = first_st[head]
+        else:
+            try:
+                fst = first_st[head] = os.lstat(head)
+            except (OSError, ValueError):
+                fst = first_st[head] = None
         if fst is None:
             rel = first  # nothing under it can appear unless this name does
         elif stat.S_ISLNK(fst.st_mode) and rest:
@@ -835,7 +842,7 @@ def search_list_candidates(deps: Iterable[str], dirs: Sequence[str]) -> list[str
     out: list[str] = []
     for dep in deps:
         base = os.path.basename(dep)
-        if not (base.endswith((".o", ".so", ".a")) or ".so." in base):
+        if not base.endswith((".o", ".so", ".a")):  # (a versioned libX.so.N is named, not searched for)
             continue
         at = index.get(os.path.dirname(kpath.tidy(dep)))
         if at:
