@@ -249,7 +249,11 @@ def test_builder_hands_torch_every_field_the_table_maps(tmp_path):
             assert f.name not in kwargs, f.name
     assert kwargs["is_python_module"] is False and kwargs["extra_include_paths"] == []
     assert kwargs["cpp_sources"] == list(spec.cpp_sources) and kwargs["cuda_sources"] is None
-    assert ["-I/opt/inc", "-I/usr/local/include", "-O2", "-DX=1"] == kwargs["extra_cflags"][-4:]
+    cflags = kwargs["extra_cflags"]
+    at = cflags.index("-I/opt/inc")
+    assert cflags[at:at + 4] == ["-I/opt/inc", "-I/usr/local/include", "-O2", "-DX=1"]
+    # the build's own dependency flags come last, after the caller's (the last one given wins)
+    assert cflags[at + 4].startswith("-Wp,-MD,") and all(f.startswith(("-Wp,", "-Wa,")) for f in cflags[at + 4:])
     assert kwargs["extra_ldflags"][:2] == ["-Wl,--as-needed", "-lm"]
     assert (kwargs["build_directory"], kwargs["verbose"]) == (str(tmp_path), True)
     cpp_extension = pytest.importorskip("torch.utils.cpp_extension")
