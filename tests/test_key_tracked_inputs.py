@@ -414,18 +414,29 @@ def test_has_include_in_a_pinned_header_is_covered(cache_root, tmp_path, monkeyp
     cycle(Count(), spec, lambda: feat.write_text("#define VAL 2\n"), feat.unlink)
 
 
-def test_file_read_by_the_assembler_is_tracked(cache_root, cxx, tmp_path):
-    """``.incbin`` in inline assembly: GNU as reads the file, the preprocessor never sees it."""
+def _needs_gnu_as(cxx) -> None:
     real = subprocess.run([cxx.real, "-print-prog-name=cc1plus"], capture_output=True, text=True).stdout.strip()
     if not cxx.is_gcc or not os.path.isabs(real):
         pytest.skip("needs gcc with GNU as")
+
+
+def _incbin_src(name: str) -> str:
+    """A stub whose ``value()`` is the first int of the file GNU as finds for ``.incbin "name"``."""
+    return (f'asm(".section .rodata\\n.globl blob\\nblob: .incbin \\"{name}\\"\\n.text");\n'
+            'extern "C" const int blob;\nextern "C" int value(void) { return blob; }\n')
+
+
+def _int_file(path, n: int):
+    return lambda: path.write_bytes(n.to_bytes(4, "little"))
+
+
+def test_file_read_by_the_assembler_is_tracked(cache_root, cxx, tmp_path):
+    """``.incbin`` in inline assembly: GNU as reads the file, the preprocessor never sees it."""
+    _needs_gnu_as(cxx)
     data = tmp_path / "data.bin"
-    data.write_bytes((1).to_bytes(4, "little"))
-    src = (f'asm(".section .rodata\\n.globl blob\\nblob: .incbin \\"{data}\\"\\n.text");\n'
-           'extern "C" const int blob;\nextern "C" int value(void) { return blob; }\n')
-    spec = {"name": "incbin", "cpp_sources": src}
-    cycle(cxx, spec, lambda: data.write_bytes((2).to_bytes(4, "little")),
-          lambda: data.write_bytes((1).to_bytes(4, "little")))
+    _int_file(data, 1)()
+    spec = {"name": "incbin", "cpp_sources": _incbin_src(str(data))}
+    cycle(cxx, spec, _int_file(data, 2), _int_file(data, 1))
 
 
 @pytest.mark.parametrize("flags", [["-MMD"], ["-MMD", "-MF", "mine.d"], ["-MD", "-MF", "mine.d"]],
@@ -445,16 +456,11 @@ def test_the_callers_dependency_flags_do_not_narrow_what_is_tracked(cache_root, 
 
 def test_the_callers_assembler_dependency_file_does_not_replace_the_builds(cache_root, cxx, tmp_path):
     """``-Wa,--MD,FILE`` from the caller: GNU as writes one list, the last one named."""
-    real = subprocess.run([cxx.real, "-print-prog-name=cc1plus"], capture_output=True, text=True).stdout.strip()
-    if not cxx.is_gcc or not os.path.isabs(real):
-        pytest.skip("needs gcc with GNU as")
+    _needs_gnu_as(cxx)
     data = tmp_path / "data.bin"
-    data.write_bytes((1).to_bytes(4, "little"))
-    src = (f'asm(".section .rodata\\n.globl blob\\nblob: .incbin \\"{data}\\"\\n.text");\n'
-           'extern "C" const int blob;\nextern "C" int value(void) { return blob; }\n')
-    spec = {"name": "incbin_md", "cpp_sources": src, "extra_cflags": ["-Wa,--MD,mine.d"]}
-    cycle(cxx, spec, lambda: data.write_bytes((2).to_bytes(4, "little")),
-          lambda: data.write_bytes((1).to_bytes(4, "little")))
+    _int_file(data, 1)()
+    spec = {"name": "incbin_md", "cpp_sources": _incbin_src(str(data)), "extra_cflags": ["-Wa,--MD,mine.d"]}
+    cycle(cxx, spec, _int_file(data, 2), _int_file(data, 1))
 
 
 def test_a_script_named_by_cxx_is_identified_by_its_content(cache_root, tmp_path, monkeypatch):
@@ -715,17 +721,13 @@ def test_specs_files_are_followed_as_gcc_finds_them(tmp_path):
 def test_a_file_the_assembler_finds_along_its_include_dirs_is_shadowed(cache_root, cxx, tmp_path):
     """``.incbin "data.bin"`` with ``-Wa,-I,a,-I,b``: GNU as takes the first ``data.bin`` along
     its ``-I`` list, so one appearing in ``a`` is what a fresh build reads (found by review)."""
-    real = subprocess.run([cxx.real, "-print-prog-name=cc1plus"], capture_output=True, text=True).stdout.strip()
-    if not cxx.is_gcc or not os.path.isabs(real):
-        pytest.skip("needs gcc with GNU as")
+    _needs_gnu_as(cxx)
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir()
     b.mkdir()
-    (b / "data.bin").write_bytes((1).to_bytes(4, "little"))
-    src = ('asm(".section .rodata\\n.globl blob\\nblob: .incbin \\"data.bin\\"\\n.text");\n'
-           'extern "C" const int blob;\nextern "C" int value(void) { return blob; }\n')
-    spec = {"name": "incbin_dirs", "cpp_sources": src, "extra_cflags": [f"-Wa,-I,{a},-I{b}"]}
-    cycle(cxx, spec, lambda: (a / "data.bin").write_bytes((2).to_bytes(4, "little")), (a / "data.bin").unlink)
+    _int_file(b / "data.bin", 1)()
+    spec = {"name": "incbin_dirs", "cpp_sources": _incbin_src("data.bin"), "extra_cflags": [f"-Wa,-I,{a},-I{b}"]}
+    cycle(cxx, spec, _int_file(a / "data.bin", 2), (a / "data.bin").unlink)
 
 
 def test_the_assemblers_include_dirs_and_what_they_shadow():

@@ -128,8 +128,9 @@ def direct_command(spec: StubSpec, source: str, output: str, depfile: str,
     # and the build's own come after the caller's flags, where the last one given wins (a
     # caller's -fcanonical-system-headers).
     cmd += ["-fPIC", "-std=c++20", *buildinputs.without_dependency_output(spec.extra_cflags), source, "-shared",
-            AS_NEEDED, *buildinputs.without_dependency_output(spec.extra_ldflags), "-MD", "-MF", depfile, *buildinputs.dependency_name_flags(compiler),
-            *buildinputs.assembler_dep_flags(compiler), "-o", output]
+            AS_NEEDED, *buildinputs.without_dependency_output(spec.extra_ldflags),
+            "-MD", "-MF", depfile, *buildinputs.dependency_name_flags(compiler), *buildinputs.assembler_dep_flags(compiler),
+            "-o", output]
     return cmd + buildinputs.extra_link_flags(compiler)
 
 

@@ -15,7 +15,7 @@ from . import loadcheck
 from ..edge import log
 from ..hit.early import prefix_map_flags as prefix_map_flags  # (a start template fills in the same)
 from ..key import inputs, tracking
-from ..key.flagscan import FlagScan, scan
+from ..key.flagscan import FlagScan, option_values, scan
 from ..key.fingerprint import torch_dir
 from ..key import StubSpec
 
@@ -323,8 +323,9 @@ def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: 
     facts = compiler if compiler is not None else compiler_facts()
     ran = compiler_that_ran(search, facts, bool(spec.tool_flags))
     named = tracking.files_named_by_flags(spec.extra_cflags + spec.extra_cuda_cflags + spec.extra_ldflags)
-    named += _found_in_b_dirs(scan(spec.extra_cflags, spec.extra_ldflags))
-    startfile_dirs = _startfile_dirs(scan(spec.extra_cflags, spec.extra_ldflags).tool_flags, facts)
+    both = scan(spec.extra_cflags, spec.extra_ldflags)
+    named += _found_in_b_dirs(both)
+    startfile_dirs = _startfile_dirs(both.tool_flags, facts)
     specs_read, specs_watch = tracking.specs_files(_specs_names([*spec.extra_cflags, *spec.extra_ldflags]),
                                                    startfile_dirs)
     named += specs_read
@@ -340,8 +341,7 @@ def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: 
     tracked = tracker.result()
     pinned = tracker.pinned
     # The link step's -L/-l (through -Wl, too): on the direct path that is the one command.
-    link = (scan(spec.extra_cflags, spec.extra_ldflags) if spec.build_method == "direct"
-            else scan(spec.extra_ldflags))
+    link = both if spec.build_method == "direct" else scan(spec.extra_ldflags)
     dep_paths = [os.path.join(build_dir, d) for d in deps]
     # (-l names in the linker scripts read are looked up along the same path)
     libs = tracking.library_candidates(dep_paths, link.lib_dirs,
@@ -365,7 +365,7 @@ def _startfile_dirs(tool_flags: tuple[str, ...], facts: dict[str, Any]) -> list[
     ``-B`` directories, then ``LIBRARY_PATH``'s and its probed ``libraries:`` list (which holds
     those with its multiarch suffixes; the bare ones first, so that they are watched either way)."""
     library_path = [d for d in os.environ.get("LIBRARY_PATH", "").split(":") if os.path.isabs(d)]
-    return [*_b_dirs(tool_flags), *library_path, *(facts.get("library_dirs") or [])]
+    return [*option_values(tool_flags, "-B"), *library_path, *(facts.get("library_dirs") or [])]
 
 
 def _specs_names(flags: list[str]) -> list[str]:
@@ -381,21 +381,10 @@ def _specs_names(flags: list[str]) -> list[str]:
     return names
 
 
-def _b_dirs(tool_flags: tuple[str, ...]) -> list[str]:
-    """The ``-B`` directories of a scan's tool flags, in order."""
-    bdirs, tools = [], list(tool_flags)
-    for i, f in enumerate(tools):
-        if f == "-B" and i + 1 < len(tools):
-            bdirs.append(tools[i + 1])
-        elif f.startswith("-B") and len(f) > 2:
-            bdirs.append(f[2:])
-    return bdirs
-
-
 def _found_in_b_dirs(found: FlagScan) -> list[str]:
     """Files named relatively by flags (``-specs=my.specs``) that gcc looks up in the ``-B``
     directories, where they exist now."""
-    bdirs = _b_dirs(found.tool_flags)
+    bdirs = option_values(found.tool_flags, "-B")
     return [p for f in found.files if not os.path.isabs(f) for d in bdirs if os.path.isabs(d)
             for p in [os.path.join(d, f)] if os.path.isfile(p)]
 

@@ -156,11 +156,14 @@ def lstat_at(dir_fd: int, name: str) -> os.stat_result:
     return os.stat(check_name(name), dir_fd=dir_fd, follow_symlinks=False)
 
 
-def open_regular(dir_fd: int | None, name: str, flags: int = 0) -> int:
+def open_regular(dir_fd: int | None, name: str, flags: int = 0, follow: bool = False) -> int:
     """Open a regular file for reading without following a link or blocking on a FIFO; returns
     the fd. ``NotRegularFile`` for any other type. (``O_NONBLOCK`` stays set: it means nothing
-    for a regular file.)"""
-    if dir_fd is None:
+    for a regular file.) ``follow``: links are followed (a path outside any root, read as the
+    tool that reads it would: a linker script, a specs file, torch's source)."""
+    if follow:
+        fd = os.open(name, (O_READ & ~os.O_NOFOLLOW) | flags, dir_fd=dir_fd)
+    elif dir_fd is None:
         fd = os.open(name, O_READ | flags)
     else:
         fd = os.open(check_name(name), O_READ | flags, dir_fd=dir_fd)

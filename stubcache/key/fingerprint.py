@@ -89,17 +89,13 @@ def default_nvcc_flags(directory: str | None) -> list[str] | None:
     cannot be read so. Remembered per file signature."""
     if not directory:
         return None
-    import stat
-
     from ..edge import fsroot
 
     path = os.path.join(directory, "utils", "cpp_extension.py")
     try:  # (links followed, as the import system follows them; never blocking on a FIFO, size-capped)
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = fsroot.open_regular(None, path, follow=True)
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                return None
             sig = (path, st.st_ino, st.st_size, st.st_mtime_ns)
             if sig in _DEFAULT_NVCC:
                 return _DEFAULT_NVCC[sig]

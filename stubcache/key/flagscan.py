@@ -27,7 +27,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
 if TYPE_CHECKING:
-    from typing import Any, Iterable
+    from typing import Any, Iterable, Sequence
 
 TOOL_FLAG_PREFIXES = ("-fuse-ld=", "--ld-path=", "-B")
 # Include-search flags that take a value, joined (-Idir) or as the next word (-I dir).
@@ -122,6 +122,18 @@ def short_spellings(flags: Iterable[str]) -> list[str]:
         else:
             out.append(f)
     return out
+
+
+def option_values(words: Sequence[str], option: str) -> list[str]:
+    """The values of a one-letter ``option`` (``-B``, ``-I``) among ``words``, given joined
+    (``-BDIR``) or as the next word (``-B DIR``), in order."""
+    values = []
+    for i, w in enumerate(words):
+        if w == option and i + 1 < len(words):
+            values.append(words[i + 1])
+        elif w.startswith(option) and len(w) > len(option):
+            values.append(w[len(option):])
+    return values
 
 
 def scan(*lists: Iterable[str]) -> FlagScan:

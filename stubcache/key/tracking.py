@@ -12,6 +12,7 @@ import os
 import stat
 
 from ..edge import kpath
+from .flagscan import option_values
 from ..hit import WAS, WAS_DIR, WAS_LINK, name_appeared
 from .inputs import dir_sig, recordable, signature, slack_ns
 from ..storage.store import file_sha256
@@ -874,13 +875,7 @@ def assembler_include_dirs(flags: Sequence[str]) -> list[str]:
             words += f[4:].split(",")
         elif f == "-Xassembler" and i + 1 < len(flags):
             words.append(flags[i + 1])
-    dirs = []
-    for i, w in enumerate(words):
-        if w == "-I" and i + 1 < len(words):
-            dirs.append(words[i + 1])
-        elif w.startswith("-I") and len(w) > 2:
-            dirs.append(w[2:])
-    return dirs
+    return option_values(words, "-I")
 
 
 SPECS_DEPTH = 10  # %include levels of specs files followed
@@ -925,22 +920,8 @@ def specs_files(names: Iterable[str], dirs: Sequence[str]) -> tuple[list[str], l
 
 def _specs_includes(path: str) -> list[str]:
     # The files a specs file names in %include <FILE> and %include_noerr <FILE> lines.
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return []
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return []
-        from ..edge import fsroot
-
-        text = fsroot.read_fd(fd, SCRIPT_CAP, path).decode("latin-1")
-    except (OSError, ValueError):
-        return []
-    finally:
-        os.close(fd)
     out = []
-    for line in text.splitlines():
+    for line in (_small_text(path) or "").splitlines():
         words = line.strip().split(None, 1)
         if len(words) == 2 and words[0] in ("%include", "%include_noerr"):
             arg = words[1].strip()
@@ -962,25 +943,30 @@ def script_library_names(deps: Iterable[str]) -> list[str]:
     names: list[str] = []
     for dep in deps:
         base = os.path.basename(dep)
-        if not (base.endswith((".so", ".a")) or ".so." in base):  # a library's name (not a header)
-            continue
-        try:
-            fd = os.open(dep, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_size > SCRIPT_CAP or os.pread(fd, 8, 0).startswith(_NOT_SCRIPTS):
-                continue
-            from ..edge import fsroot
-
-            text = fsroot.read_fd(fd, SCRIPT_CAP, dep).decode("latin-1")
-        except (OSError, ValueError):
-            continue
-        finally:
-            os.close(fd)
-        names += _script_inputs(text)
+        if base.endswith((".so", ".a")) or ".so." in base:  # a library's name (not a header)
+            text = _small_text(dep, _NOT_SCRIPTS)
+            if text:
+                names += _script_inputs(text)
     return names
+
+
+def _small_text(path: str, not_if: tuple[bytes, ...] = ()) -> str | None:
+    # A regular file's text (links followed, never blocking on a FIFO, at most SCRIPT_CAP bytes),
+    # or None: another type, too big, unreadable, or starting with one of ``not_if``.
+    from ..edge import fsroot
+
+    try:
+        fd = fsroot.open_regular(None, path, follow=True)
+    except OSError:
+        return None
+    try:
+        if os.fstat(fd).st_size > SCRIPT_CAP or (not_if and os.pread(fd, 8, 0).startswith(not_if)):
+            return None
+        return fsroot.read_fd(fd, SCRIPT_CAP, path).decode("latin-1")
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
 
 
 def _script_inputs(text: str) -> list[str]:
