@@ -580,7 +580,8 @@ def test_the_names_a_linker_script_hands_the_linker(tmp_path):
 
     script = tmp_path / "libx.so"
     script.write_text("/* GROUP(-lnot) */\nOUTPUT_FORMAT(elf64-x86-64)\n"
-                      "GROUP ( /lib/libc.so.6 libc_nonshared.a AS_NEEDED ( -lfoo /lib/ld.so ) )\nINPUT(-lbar,libz.so.1)\n")
+                      "GROUP ( /lib/libc.so.6 libc_nonshared.a AS_NEEDED ( -lfoo /lib/ld.so ) )\nINPUT(-lbar,libz.so.1)\n"
+                      "/* two\nlines INPUT(-lnot2) */ XINPUT(-lnot3) x = 1;INPUT\t(\n-lsemi)\n")
     elf = tmp_path / "libe.so"
     elf.write_bytes(b"\x7fELF INPUT(-lno)")
     header = tmp_path / "h.h"
@@ -588,7 +589,7 @@ def test_the_names_a_linker_script_hands_the_linker(tmp_path):
     fifo = tmp_path / "libf.so"
     os.mkfifo(fifo)
     assert script_library_names([str(script), str(elf), str(header), str(fifo), str(tmp_path / "libgone.a")]) == [
-        ":libc_nonshared.a", "foo", "bar", ":libz.so.1"]
+        ":libc_nonshared.a", "foo", "bar", ":libz.so.1", "semi"]
 
 
 PLUGIN_SRC = r"""
