@@ -38,8 +38,14 @@ if TYPE_CHECKING:  # what __getattr__ below returns for each name, for type chec
     from .key import StubSpec
     from .storage.manifest import Manifest, __version__
 
-# Every name but load_inline is imported when first used: an engine's warm ``stubcache.load_inline``
-# call needs only its front (below) and the compact hit path (the package stubcache.hit), not the
+# The compact hit path (the package stubcache.hit) is imported with the package: a process's first
+# load needs it anyway, and one that imported stubcache before it forked (a pool of engine
+# workers, a herd starting at once) then shares it with its children, which would otherwise each
+# pay its import (~1.5 ms of CPU in a child forked after `import torch`).
+from . import hit  # noqa: E402  (after the working directory is dropped from sys.path, above)
+
+# Every other name but load_inline is imported when first used: an engine's warm
+# ``stubcache.load_inline`` call needs only its front (below) and the compact hit path, not the
 # cache, the spec or the errors, each of which costs an engine process ~0.1 ms or more.
 _LAZY = {"Entry": "cache.core", "StubCache": "hit.front", "StubSpec": "key", "Manifest": "storage.manifest",
          "__version__": "storage.manifest", "BuildError": "edge.errors", "CacheMissError": "edge.errors",
@@ -111,8 +117,6 @@ def load_inline(
     calls to torch).
     """
     args = locals()
-    from . import hit
-
     served = hit.dropin_call(args)
     if type(served) is not hit.Miss:
         return served
