@@ -738,3 +738,46 @@ def test_the_assemblers_include_dirs_and_what_they_shadow():
     assert assembler_include_dirs(flags) == ["/a", "/b", "/c"]
     assert prefix_list_candidates(["/c/x/d.bin", "/b/e.bin", "/a/f.bin", "/z/g.bin"], ["/a", "/b", "/c"]) == [
         "/a/x/d.bin", "/b/x/d.bin", "/a/e.bin"]
+
+
+@pytest.mark.torch
+def test_a_system_header_a_separate_unit_reads_is_tracked(cache_root, tmp_path):
+    """A separate-units build (torch's ``load``, one object per source) lists what each object
+    read through torch's ``-MMD``, which leaves out every header found in a system directory
+    (here ``-isystem``; ``/usr/include`` too): each unit is preprocessed again for the full list,
+    so an edit there misses instead of loading the old library."""
+    sysdir = tmp_path / "sys"
+    sysdir.mkdir()
+    header = sysdir / "unit_val.h"
+    header.write_text("#define VAL 1\n")
+    spec = {"name": "units_sys", "cpp_sources": [value_src("#include <unit_val.h>"), 'extern "C" int other(void) { return 3; }\n'],
+            "separate_units": True, "no_implicit_headers": True, "extra_cflags": ["-isystem", str(sysdir)]}
+    v1, k1, _ = child(spec)
+    assert v1 == 1
+    header.write_text("#define VAL 2\n")
+    v2, k2, _ = child(spec)
+    assert v2 == 2, "a fresh process loaded the old library after a unit's system header changed"
+    assert k2 != k1
+    header.write_text("#define VAL 1\n")
+    assert child(spec)[:2] == (1, k1)
+
+
+def test_each_cpp_unit_is_listed_again_and_a_unit_that_cannot_be_is_unexpressed(tmp_path, cxx):
+    from stubcache.build.buildinputs import compiler_facts, unit_deps
+    from stubcache.key.tracking import UNEXPRESSED
+
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "a.h").write_text("int a_h;\n")
+    build = tmp_path / "build"
+    build.mkdir()
+    (build / "build.ninja").write_text(f"cflags = -isystem {inc} -DX=1\npost_cflags = -fPIC\n")
+    (build / "src0.cpp").write_text("#include <a.h>\n")
+    (build / "src1.cu").write_text("#include <not_read.h>\n")  # a CUDA unit keeps its -MMD list
+    (build / "src2.cpp").write_text("#if X == 1\n#include <a.h>\n#endif\n")
+    spec = StubSpec("units", ["", ""], separate_units=True)
+    sources = [str(build / n) for n in ("src0.cpp", "src1.cu", "src2.cpp")]
+    deps = unit_deps(spec, str(build), sources, compiler_facts(), jobs=1)
+    assert [d for d in deps if d.endswith("a.h")] == [str(inc / "a.h")] * 2 and UNEXPRESSED not in deps
+    (build / "src2.cpp").write_text("#include <missing.h>\n")
+    assert unit_deps(spec, str(build), sources, compiler_facts())[-1] == UNEXPRESSED

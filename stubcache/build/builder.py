@@ -363,8 +363,9 @@ def load_kwargs(spec: StubSpec, build_dir: str, verbose: bool = False, compiler:
     the same flags, and one link, as for the caller's own files.
 
     The full dependency list (``-Wp,-MD``) is left out here: one file name for every compile
-    would be overwritten by each; torch's ``-MMD`` lists, read back through ``ninja -t deps``,
-    track the files each object read outside the system directories."""
+    would be overwritten by each. torch's ``-MMD`` lists, read back through ``ninja -t deps``,
+    name the files each object read outside the system directories, and each C++ unit is
+    preprocessed again after the build for the rest (:func:`~stubcache.build.buildinputs.unit_deps`)."""
     kwargs = load_inline_kwargs(spec, build_dir, verbose, compiler)
     full_deps = set(ninja_safe_flags(buildinputs.compile_dep_flags(compiler or buildinputs.compiler_facts()), ""))
     sources: list[str] = []
@@ -384,7 +385,9 @@ def load_kwargs(spec: StubSpec, build_dir: str, verbose: bool = False, compiler:
 
 
 def _build_units(spec: StubSpec, build_dir: str, compiler: dict[str, Any]) -> tuple[str, str, list[str]]:
-    return _run_torch("load", spec, build_dir, load_kwargs(spec, build_dir, progress.verbose(), compiler))
+    kwargs = load_kwargs(spec, build_dir, progress.verbose(), compiler)
+    library, out, deps = _run_torch("load", spec, build_dir, kwargs)
+    return library, out, deps + buildinputs.unit_deps(spec, build_dir, kwargs["sources"], compiler)
 
 
 def _build_load_inline(spec: StubSpec, build_dir: str, compiler: dict[str, Any]) -> tuple[str, str, list[str]]:

@@ -253,6 +253,44 @@ def start_search_probe(spec: StubSpec, build_dir: str, compiler: dict[str, Any] 
         return None
 
 
+def unit_deps(spec: StubSpec, build_dir: str, sources: list[str], compiler: dict[str, Any],
+              jobs: int | None = None) -> list[str]:
+    """Every file the C++ translation units of a separate-units build read, system headers
+    included: what torch's ``-MMD`` lists (read back through ``ninja -t deps``) leave out once a
+    header is found in a system directory (``-isystem``, ``CPATH``, ``/usr/include``). One
+    ``-Wp,-MD`` file would be overwritten by each compile, so each C++ source in ``build_dir``
+    is preprocessed again, after the build, with the flags of torch's ``build.ninja`` and ``-M``
+    (``jobs`` at a time, default the CPU count). A unit whose list cannot be had counts as
+    :data:`~stubcache.key.tracking.UNEXPRESSED`: the library is then not published. CUDA units
+    keep their ``-MMD`` lists (the CUDA toolkit is pinned by nvcc's identity in the key)."""
+    cmd = [*compiler_command(), *_compile_flags(spec, build_dir), *dependency_name_flags(compiler)]
+    units = [(f"stubcache.unit{i}.deps", os.path.basename(src)) for i, src in enumerate(sources) if src.endswith(".cpp")]
+    jobs = max(1, jobs or os.cpu_count() or 1)
+    out: list[str] = []
+    running: list[tuple[str, str, subprocess.Popen[bytes]]] = []
+    try:
+        while units or running:
+            while units and len(running) < jobs:
+                depfile, source = units.pop(0)
+                running.append((depfile, source, tracking.start_search_path([*cmd, "-M", "-MF", depfile], build_dir, source)))
+            depfile, source, proc = running.pop(0)
+            try:
+                tracking.finish_search_path(proc)
+            except (OSError, subprocess.SubprocessError):
+                pass
+            listed = tracking.parse_depfile(os.path.join(build_dir, depfile)) if proc.returncode == 0 else []
+            if not listed:
+                log.debug("stubcache: no dependency list for %s (its preprocessing exited %s)", source, proc.returncode)
+                listed = [tracking.UNEXPRESSED]
+            out += listed
+    except OSError:
+        out.append(tracking.UNEXPRESSED)
+    finally:
+        for _, _, proc in running:
+            loadcheck.stop(proc)
+    return out
+
+
 class PreTracked:
     """A direct build's inputs as tracked while its compiler ran (:func:`pretrack`): the search
     order its probe reported, and the tracker holding the ``predicted`` headers (``None``:
