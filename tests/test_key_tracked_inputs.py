@@ -6,6 +6,7 @@ fresh process loads the new behaviour -> revert -> the old entry hits again with
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -581,7 +582,9 @@ def test_the_names_a_linker_script_hands_the_linker(tmp_path):
     script = tmp_path / "libx.so"
     script.write_text("/* GROUP(-lnot) */\nOUTPUT_FORMAT(elf64-x86-64)\n"
                       "GROUP ( /lib/libc.so.6 libc_nonshared.a AS_NEEDED ( -lfoo /lib/ld.so ) )\nINPUT(-lbar,libz.so.1)\n"
-                      "/* two\nlines INPUT(-lnot2) */ XINPUT(-lnot3) x = 1;INPUT\t(\n-lsemi)\n")
+                      "/* two\nlines INPUT(-lnot2) */ XINPUT(-lnot3) x = 1;INPUT\t(\n-lsemi)\n"
+                      # found by review: a list glued to a brace, a # comment hiding a /*, a quoted name
+                      "SECTIONS { }INPUT(-lglued)\n# a note /* not a comment here\nINPUT(\"libq.a\" #h.a)\n/* */\n")
     elf = tmp_path / "libe.so"
     elf.write_bytes(b"\x7fELF INPUT(-lno)")
     header = tmp_path / "h.h"
@@ -589,7 +592,7 @@ def test_the_names_a_linker_script_hands_the_linker(tmp_path):
     fifo = tmp_path / "libf.so"
     os.mkfifo(fifo)
     assert script_library_names([str(script), str(elf), str(header), str(fifo), str(tmp_path / "libgone.a")]) == [
-        ":libc_nonshared.a", "foo", "bar", ":libz.so.1", "semi"]
+        ":libc_nonshared.a", "foo", "bar", ":libz.so.1", "semi", "glued", ":libq.a", ":#h.a"]
 
 
 PLUGIN_SRC = r"""
@@ -762,7 +765,7 @@ def test_a_system_header_a_separate_unit_reads_is_tracked(cache_root, tmp_path):
     assert child(spec)[:2] == (1, k1)
 
 
-def test_each_cpp_unit_is_listed_again_and_a_unit_that_cannot_be_is_unexpressed(tmp_path, cxx):
+def test_each_cpp_unit_is_listed_again_and_a_unit_that_cannot_be_is_unexpressed(tmp_path, cxx, caplog):
     from stubcache.build.buildinputs import compiler_facts, unit_deps
     from stubcache.key.tracking import UNEXPRESSED
 
@@ -779,5 +782,13 @@ def test_each_cpp_unit_is_listed_again_and_a_unit_that_cannot_be_is_unexpressed(
     sources = [str(build / n) for n in ("src0.cpp", "src1.cu", "src2.cpp")]
     deps = unit_deps(spec, str(build), sources, compiler_facts(), jobs=1)
     assert [d for d in deps if d.endswith("a.h")] == [str(inc / "a.h")] * 2 and UNEXPRESSED not in deps
+    # A unit compiled as C (a -x among torch's flags) is preprocessed as C again (found by review).
+    (inc / "c_only.h").write_text("int c_h;\n")
+    (build / "build.ninja").write_text(f"cflags = -x c -isystem {inc}\npost_cflags = -fPIC\n")
+    (build / "src2.cpp").write_text("#ifdef __cplusplus\n#include <cxx_only.h>\n#else\n#include <c_only.h>\n#endif\n")
+    deps = unit_deps(spec, str(build), sources, compiler_facts())
+    assert str(inc / "c_only.h") in deps and UNEXPRESSED not in deps
     (build / "src2.cpp").write_text("#include <missing.h>\n")
-    assert unit_deps(spec, str(build), sources, compiler_facts())[-1] == UNEXPRESSED
+    with caplog.at_level(logging.WARNING, logger="stubcache"):
+        assert unit_deps(spec, str(build), sources, compiler_facts())[-1] == UNEXPRESSED
+    assert "src2.cpp" in caplog.text and "missing.h" in caplog.text and "not published" in caplog.text

@@ -14,6 +14,7 @@ import subprocess
 from . import loadcheck
 from ..edge import log
 from ..hit.early import prefix_map_flags as prefix_map_flags  # (a start template fills in the same)
+from ..hit.early import stop_session
 from ..key import inputs, tracking
 from ..key.flagscan import FlagScan, option_values, scan
 from ..key.fingerprint import torch_dir
@@ -272,22 +273,28 @@ def unit_deps(spec: StubSpec, build_dir: str, sources: list[str], compiler: dict
         while units or running:
             while units and len(running) < jobs:
                 depfile, source = units.pop(0)
-                running.append((depfile, source, tracking.start_search_path([*cmd, "-M", "-MF", depfile], build_dir, source)))
+                # (the language as torch's compile had it: its .cpp name, or a -x among the flags)
+                running.append((depfile, source, tracking.start_search_path([*cmd, "-M", "-MF", depfile], build_dir,
+                                                                            source, language=None)))
             depfile, source, proc = running.pop(0)
             try:
-                tracking.finish_search_path(proc)
-            except (OSError, subprocess.SubprocessError):
-                pass
+                said, _ = proc.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                stop_session(proc)
+                said = b"(no answer in 120 s)"
             listed = tracking.parse_depfile(os.path.join(build_dir, depfile)) if proc.returncode == 0 else []
             if not listed:
-                log.debug("stubcache: no dependency list for %s (its preprocessing exited %s)", source, proc.returncode)
+                lines = [ln for ln in said.decode("utf-8", "replace").splitlines() if "error:" in ln]
+                log.warning("stubcache: %s: the headers its unit %s read could not be listed (preprocessing it "
+                            "again with -M exited %s%s); the library is used but not published", spec.name,
+                            source, proc.returncode, f": {lines[0].strip()}" if lines else "")
                 listed = [tracking.UNEXPRESSED]
             out += listed
     except OSError:
         out.append(tracking.UNEXPRESSED)
     finally:
         for _, _, proc in running:
-            loadcheck.stop(proc)
+            stop_session(proc)  # (its preprocessor holds the pipe)
     return out
 
 

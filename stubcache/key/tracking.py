@@ -39,14 +39,17 @@ class SearchPath:
         self.driver_version = driver_version
 
 
-def start_search_path(cmd: list[str], cwd: str | None = None, source: str | None = None) -> "subprocess.Popen[bytes]":
+def start_search_path(cmd: list[str], cwd: str | None = None, source: str | None = None,
+                      language: str | None = "c++") -> "subprocess.Popen[bytes]":
     """Start the compiler ``cmd`` (with all include-affecting flags) reporting its search order,
-    preprocessing ``source`` (default: nothing; ``cmd`` may then ask for its dependency list).
+    preprocessing ``source`` (default: nothing; ``cmd`` may then ask for its dependency list) as
+    ``language`` (``None``: as the file's name and ``cmd``'s own ``-x`` say, as its compile did).
     With a source, in a session of its own: its preprocessor holds the pipe, so stopping it means
     ending the session (:func:`stubcache.hit.early.stop_session`), not the driver alone."""
     import subprocess
 
-    return subprocess.Popen([*cmd, "-x", "c++", "-E", "-v", source or os.devnull, "-o", os.devnull],
+    lang = ["-x", language] if language else []
+    return subprocess.Popen([*cmd, *lang, "-E", "-v", source or os.devnull, "-o", os.devnull],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
                             start_new_session=source is not None)
 
@@ -971,15 +974,21 @@ def _small_text(path: str, not_if: tuple[bytes, ...] = ()) -> str | None:
 
 def _script_inputs(text: str) -> list[str]:
     # The names in the INPUT and GROUP lists of a linker script's text, read as ld's lexer reads
-    # them (comments dropped; words end at blanks, commas, semicolons and parentheses; a keyword
-    # is a whole word), without ``re``: its three patterns cost a fresh engine process's first
-    # build ~0.5 ms of compiling, after its compiler has finished.
+    # them, without ``re`` (its patterns cost a fresh engine process's first build ~0.5 ms of
+    # compiling, after its compiler has finished): /* comments */ anywhere and # comments outside
+    # a list dropped; a word ends at a blank, a comma, a semicolon, an =, a brace, a parenthesis
+    # or a quote; a "quoted" name is a file name; a keyword is a whole word.
     names: list[str] = []
     depth = 0  # inside an INPUT or GROUP list: its parentheses still open
     expect_list = False
-    for word in _script_words(text):
+    for word, quoted in _script_words(text):
+        if word == "#" and not quoted:  # a line comment (only outside a list: there a name)
+            continue
         if depth:
-            if word == "(":
+            if quoted:
+                if word and "/" not in word:
+                    names.append(":" + word)
+            elif word == "(":
                 depth += 1
             elif word == ")":
                 depth -= 1
@@ -987,29 +996,53 @@ def _script_inputs(text: str) -> list[str]:
                 names.append(word[2:])
             elif word != "AS_NEEDED" and "/" not in word and not word.startswith("-"):
                 names.append(":" + word)
-        elif expect_list and word == "(":
+        elif expect_list and word == "(" and not quoted:
             depth = 1
-        expect_list = not depth and word in ("INPUT", "GROUP")
+        expect_list = not depth and not quoted and word in ("INPUT", "GROUP")
     return names
 
 
-def _script_words(text: str) -> list[str]:
-    # A linker script's words and parentheses, in order, its /* comments */ left out.
-    kept = []
-    at = 0
-    while True:
-        start = text.find("/*", at)
-        if start < 0:
-            kept.append(text[at:])
-            break
-        kept.append(text[at:start])
-        end = text.find("*/", start + 2)
-        if end < 0:  # ld refuses such a script; its words are read, as watching more is safe
-            kept.append(text[start:])
-            break
-        kept.append(" ")
-        at = end + 2
-    return "".join(kept).replace(",", " ").replace(";", " ").replace("(", " ( ").replace(")", " ) ").split()
+_SCRIPT_BREAKS = frozenset(" \t\n\r\f\v,;={}()\"")
+
+
+def _script_words(text: str) -> list[tuple[str, bool]]:
+    # A linker script's words (each with whether it was quoted), its parentheses as words of
+    # their own, comments left out: /* ... */ anywhere (one never closed is read on, watching
+    # more), and # to the end of the line where a word would begin outside an INPUT or GROUP
+    # list (reported as a "#" word, which _script_inputs skips, so that it knows where lists are).
+    words: list[tuple[str, bool]] = []
+    depth = 0
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "/" and text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            i = i + 2 if end < 0 else end + 2  # (never closed: ld refuses it; the rest is read)
+            continue
+        if c == "#" and depth == 0:
+            end = text.find("\n", i)
+            i = n if end < 0 else end + 1
+            continue
+        if c == '"':
+            end = text.find('"', i + 1)
+            end = n if end < 0 else end
+            words.append((text[i + 1:end], True))
+            i = end + 1
+            continue
+        if c in "()":
+            depth = depth + 1 if c == "(" else max(depth - 1, 0)
+            words.append((c, False))
+            i += 1
+            continue
+        if c in _SCRIPT_BREAKS:
+            i += 1
+            continue
+        start = i
+        i += 1
+        while i < n and text[i] not in _SCRIPT_BREAKS and not text.startswith("/*", i):
+            i += 1
+        words.append((text[start:i], False))
+    return words
 
 
 def library_candidates(deps: Iterable[str], lib_dirs: Iterable[str], lib_names: Iterable[str],
