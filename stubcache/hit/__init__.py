@@ -53,7 +53,6 @@ import stat
 import sys
 import time
 import _thread
-import hashlib
 import threading
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
@@ -167,6 +166,9 @@ def load_json_bytes(data: bytes) -> object:
 
 def sha256_fd(fd: int, size: int) -> str:
     # SHA-256 of an open file's content, read from offset 0 (``size``: its expected size).
+    import hashlib  # (here: `import stubcache` imports this module, and a process that never
+    # loads need not pay for OpenSSL's, ~3 ms outside an engine)
+
     h = hashlib.sha256()
     offset = 0
     chunk_size = min(max(size, 1 << 16), 1 << 20)
@@ -260,6 +262,7 @@ def request_digest(kind: str, request: tuple[Any, ...]) -> str | None:
     data = getattr(os.environ, "_data", None)
     if data is None:
         return None
+    import hashlib
     import marshal
 
     wrappers = sorted([(k, v) for k, v in data.items() if k.startswith((b"CCACHE_", b"SCCACHE_", b"BUILDCACHE_"))])
