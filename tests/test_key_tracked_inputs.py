@@ -576,23 +576,39 @@ def test_a_library_a_linker_script_names_is_shadowed_along_the_library_path(cach
     cycle(cxx, spec, lambda: _archive(tmp_path, l1 / "libdep.a", 2), (l1 / "libdep.a").unlink, env=env)
 
 
+@pytest.mark.parametrize("name", ["libdep.a", "sub/libdep.a"])
+def test_a_file_a_linker_script_names_is_shadowed_in_the_scripts_own_directory(cache_root, cxx, tmp_path, name):
+    """``INPUT(libdep.a)`` in ``l2/libwrap.a``, linked from ``l1`` (``-L l1 -L l2``): ld 2.40
+    looks in the script's own directory first, so a ``libdep.a`` appearing beside the script is
+    what a fresh link takes, though ``l2`` comes after ``l1`` (found by review; ``sub/libdep.a``
+    names are searched for as well)."""
+    l1, l2 = tmp_path / "l1", tmp_path / "l2"
+    (l1 / name).parent.mkdir(parents=True, exist_ok=True)
+    (l2 / name).parent.mkdir(parents=True, exist_ok=True)
+    _archive(tmp_path, l1 / name, 1)
+    (l2 / "libwrap.a").write_text(f"INPUT({name})\n")
+    spec = {"name": "lib_script_dir", "cpp_sources": DEP_SRC, "extra_ldflags": [f"-L{l1}", f"-L{l2}", "-lwrap"]}
+    cycle(cxx, spec, lambda: _archive(tmp_path, l2 / name, 2), (l2 / name).unlink)
+
+
 def test_the_names_a_linker_script_hands_the_linker(tmp_path):
-    from stubcache.key.tracking import script_library_names
+    from stubcache.key.tracking import script_names
 
     script = tmp_path / "libx.so"
     script.write_text("/* GROUP(-lnot) */\nOUTPUT_FORMAT(elf64-x86-64)\n"
                       "GROUP ( /lib/libc.so.6 libc_nonshared.a AS_NEEDED ( -lfoo /lib/ld.so ) )\nINPUT(-lbar,libz.so.1)\n"
                       "/* two\nlines INPUT(-lnot2) */ XINPUT(-lnot3) x = 1;INPUT\t(\n-lsemi)\n"
                       # found by review: a list glued to a brace, a # comment hiding a /*, a quoted name
-                      "SECTIONS { }INPUT(-lglued)\n# a note /* not a comment here\nINPUT(\"libq.a\" #h.a)\n/* */\n")
+                      "SECTIONS { }INPUT(-lglued)\n# a note /* not a comment here\nINPUT(\"libq.a\" #h.a)\n/* */\n"
+                      "INPUT(sub/libs.a =/sysroot/libr.a)\n")
     elf = tmp_path / "libe.so"
     elf.write_bytes(b"\x7fELF INPUT(-lno)")
     header = tmp_path / "h.h"
     header.write_text("INPUT(-lno)")
     fifo = tmp_path / "libf.so"
     os.mkfifo(fifo)
-    assert script_library_names([str(script), str(elf), str(header), str(fifo), str(tmp_path / "libgone.a")]) == [
-        ":libc_nonshared.a", "foo", "bar", ":libz.so.1", "semi", "glued", ":libq.a", ":#h.a"]
+    assert [n for _, n in script_names([str(script), str(elf), str(header), str(fifo), str(tmp_path / "libgone.a")])] == [
+        ":libc_nonshared.a", "foo", "bar", ":libz.so.1", "semi", "glued", ":libq.a", ":#h.a", ":sub/libs.a"]
 
 
 PLUGIN_SRC = r"""

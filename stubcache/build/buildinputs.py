@@ -388,10 +388,12 @@ def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: 
     # The link step's -L/-l (through -Wl, too): on the direct path that is the one command.
     link = both if spec.build_method == "direct" else scan(spec.extra_ldflags)
     dep_paths = [os.path.join(build_dir, d) for d in deps]
-    # (-l names in the linker scripts read are looked up along the same path)
-    libs = tracking.library_candidates(dep_paths, link.lib_dirs,
-                                       [*link.lib_names, *tracking.script_library_names(dep_paths)],
+    # (-l names in the linker scripts read are looked up along the same path; their files in
+    # the script's own directory first)
+    scripts = tracking.script_names(dep_paths)
+    libs = tracking.library_candidates(dep_paths, link.lib_dirs, [*link.lib_names, *(n for _, n in scripts)],
                                        os.environ.get("LIBRARY_PATH"))
+    libs += tracking.script_dir_candidates(scripts, dep_paths)
     # What the driver found along its own list (start files, the libraries it adds, specs files)
     libs += tracking.search_list_candidates(dep_paths, startfile_dirs) + specs_watch
     # (.include/.incbin names GNU as found along its own -I list)

@@ -937,20 +937,36 @@ SCRIPT_CAP = 1 << 20  # a linker script read for the names it hands the linker (
 _NOT_SCRIPTS = (b"\x7fELF", b"!<arch>\n", b"!<thin>\n")
 
 
-def script_library_names(deps: Iterable[str]) -> list[str]:
-    """What the linker scripts among ``deps`` (files the linker read) ask the linker to find
-    along its library path, as :func:`library_candidates` takes names: ``NAME`` for a ``-lNAME``
-    and ``:FILE`` for a file named without a directory, in their ``INPUT``, ``GROUP`` and
-    ``AS_NEEDED`` lists (Debian's ``libncurses.so`` is ``INPUT(libncurses.so.6 -ltinfo)``). A file
-    that is not a regular file, is over :data:`SCRIPT_CAP` or cannot be read names nothing."""
-    names: list[str] = []
+def script_names(deps: Iterable[str]) -> list[tuple[str, str]]:
+    """What the linker scripts among ``deps`` (files the linker read) ask the linker to find,
+    as ``(script, name)`` pairs with names as :func:`library_candidates` takes them: ``NAME`` for
+    a ``-lNAME`` and ``:FILE`` for a file named by a relative path, in their ``INPUT``, ``GROUP``
+    and ``AS_NEEDED`` lists (Debian's ``libncurses.so`` is ``INPUT(libncurses.so.6 -ltinfo)``).
+    A file that is not a regular file, is over :data:`SCRIPT_CAP` or cannot be read names nothing."""
+    pairs: list[tuple[str, str]] = []
     for dep in deps:
         base = os.path.basename(dep)
         if base.endswith((".so", ".a")) or ".so." in base:  # a library's name (not a header)
             text = _small_text(dep, _NOT_SCRIPTS)
             if text:
-                names += _script_inputs(text)
-    return names
+                pairs += [(dep, name) for name in _script_inputs(text)]
+    return pairs
+
+
+def script_dir_candidates(pairs: Iterable[tuple[str, str]], deps: Iterable[str]) -> list[str]:
+    """Where a new file would change what a script's ``INPUT(FILE)`` links (``pairs`` from
+    :func:`script_names`): ld (2.40, checked) looks for such a file in the script's own directory
+    before the ``-L`` list, so ``FILE`` there is watched wherever the one linked was found (its
+    build directory, which ld tries first too, is private). ``-lNAME`` in a script follows the
+    ``-L`` list alone (:func:`library_candidates`)."""
+    read = {kpath.tidy(d) for d in deps}
+    out: list[str] = []
+    for script, name in pairs:
+        if name.startswith(":"):
+            beside = kpath.tidy(os.path.join(os.path.dirname(script), name[1:]))
+            if beside not in read:
+                out.append(beside)
+    return out
 
 
 def _small_text(path: str, not_if: tuple[bytes, ...] = ()) -> str | None:
@@ -986,7 +1002,7 @@ def _script_inputs(text: str) -> list[str]:
             continue
         if depth:
             if quoted:
-                if word and "/" not in word:
+                if word and not word.startswith("/"):
                     names.append(":" + word)
             elif word == "(":
                 depth += 1
@@ -994,7 +1010,7 @@ def _script_inputs(text: str) -> list[str]:
                 depth -= 1
             elif word.startswith("-l") and len(word) > 2:
                 names.append(word[2:])
-            elif word != "AS_NEEDED" and "/" not in word and not word.startswith("-"):
+            elif word != "AS_NEEDED" and not word.startswith(("/", "-")):  # (sub/x.a: searched too)
                 names.append(":" + word)
         elif expect_list and word == "(" and not quoted:
             depth = 1
@@ -1062,13 +1078,18 @@ def library_candidates(deps: Iterable[str], lib_dirs: Iterable[str], lib_names: 
         files = [n[1:]] if n.startswith(":") else [f"lib{n}.so", f"lib{n}.a"]
         for f in files:
             wanted[f] = files
+    deep = {f: files for f, files in wanted.items() if "/" in f}  # a script's sub/libx.a: ld searches it too
     out: list[str] = []
     for dep in deps:
-        base = os.path.basename(dep)
+        tidy = kpath.tidy(dep)
+        base = os.path.basename(tidy)
         files = wanted.get(base)
+        where = os.path.dirname(tidy)
         if files is None:
-            continue
-        where = os.path.dirname(kpath.tidy(dep))
+            found = next((f for f in deep if tidy.endswith("/" + f)), None)
+            if found is None:
+                continue
+            files, where = deep[found], tidy[:-len(found) - 1]
         before = dirs[:dirs.index(where)] if where in dirs else dirs
         out += [os.path.join(d, f) for d in before for f in files]
         if base.endswith(".a") and files[0].endswith(".so"):
