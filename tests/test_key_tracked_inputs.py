@@ -591,6 +591,41 @@ def test_a_file_a_linker_script_names_is_shadowed_in_the_scripts_own_directory(c
     cycle(cxx, spec, lambda: _archive(tmp_path, l2 / name, 2), (l2 / name).unlink)
 
 
+@pytest.mark.parametrize("change", ["edit", "shadow"])
+def test_a_file_a_linker_script_includes_is_tracked(cache_root, cxx, tmp_path, change):
+    """``l1/libwrap.a`` = ``INCLUDE more.ld``, found in ``l2`` (``-L l1 -L l2``): ld's
+    dependency file names it ``more.ld``, as written, so it was neither tracked (an edit of
+    ``l2/more.ld`` was a stale hit) nor shadowed (one appearing in ``l1`` is what ld takes
+    first); found by review. Each case fails before the fix."""
+    l1, l2 = tmp_path / "l1", tmp_path / "l2"
+    l1.mkdir()
+    l2.mkdir()
+    _archive(tmp_path, l2 / "libdepone.a", 1)
+    _archive(tmp_path, l2 / "libdeptwo.a", 2)
+    (l1 / "libwrap.a").write_text("INCLUDE more.ld\n")
+    (l2 / "more.ld").write_text("INPUT(-ldepone)\n")
+    spec = {"name": f"lib_include_{change}", "cpp_sources": DEP_SRC, "extra_ldflags": [f"-L{l1}", f"-L{l2}", "-lwrap"]}
+    if change == "edit":
+        cycle(cxx, spec, lambda: (l2 / "more.ld").write_text("INPUT(-ldeptwo)    \n"),
+              lambda: (l2 / "more.ld").write_text("INPUT(-ldepone)\n"))
+    else:
+        cycle(cxx, spec, lambda: (l1 / "more.ld").write_text("INPUT(-ldeptwo)\n"), (l1 / "more.ld").unlink)
+
+
+def test_included_scripts_are_found_along_the_search_dirs_and_followed(tmp_path):
+    from stubcache.key.tracking import UNEXPRESSED, script_names
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    (a / "libtop.so").write_text("INCLUDE \"mid.ld\" INCLUDE gone.ld\n")
+    (b / "mid.ld").write_text("INPUT(-lfrommid) INCLUDE mid.ld\n")  # a loop ends
+    got = script_names([str(a / "libtop.so")], [str(a), str(b), "relative"])
+    assert got.included == [str(b / "mid.ld"), UNEXPRESSED]
+    assert got.watch == [str(a / "mid.ld"), str(a / "gone.ld"), str(b / "gone.ld")]
+    assert got.pairs == [(str(b / "mid.ld"), "frommid")]
+
+
 def test_the_names_a_linker_script_hands_the_linker(tmp_path):
     from stubcache.key.tracking import script_names
 
@@ -607,7 +642,7 @@ def test_the_names_a_linker_script_hands_the_linker(tmp_path):
     header.write_text("INPUT(-lno)")
     fifo = tmp_path / "libf.so"
     os.mkfifo(fifo)
-    assert [n for _, n in script_names([str(script), str(elf), str(header), str(fifo), str(tmp_path / "libgone.a")])] == [
+    assert [n for _, n in script_names([str(script), str(elf), str(header), str(fifo), str(tmp_path / "libgone.a")]).pairs] == [
         ":libc_nonshared.a", "foo", "bar", ":libz.so.1", "semi", "glued", ":libq.a", ":#h.a", ":sub/libs.a"]
 
 

@@ -383,17 +383,20 @@ def tracked_inputs(spec: StubSpec, build_dir: str, deps: list[str], started_ns: 
             log.debug("stubcache: %s: the compile read other files than predicted: tracked again", spec.name)
         tracker = _tracker(spec, build_dir, search, started_ns, facts, remembered)
         tracker.add_deps([*deps, *named])
-    tracked = tracker.result()
-    pinned = tracker.pinned
     # The link step's -L/-l (through -Wl, too): on the direct path that is the one command.
     link = both if spec.build_method == "direct" else scan(spec.extra_ldflags)
     dep_paths = [os.path.join(build_dir, d) for d in deps]
+    # What the linker scripts read hand the linker; the files they INCLUDE are found along the
+    # -L list as ld found them (its dependency list names them as written) and tracked.
+    scripts = tracking.script_names(dep_paths, [*link.lib_dirs, *startfile_dirs])
+    tracker.add_deps(scripts.included)
+    tracked = tracker.result()
+    pinned = tracker.pinned
     # (-l names in the linker scripts read are looked up along the same path; their files in
     # the script's own directory first)
-    scripts = tracking.script_names(dep_paths)
-    libs = tracking.library_candidates(dep_paths, link.lib_dirs, [*link.lib_names, *(n for _, n in scripts)],
+    libs = tracking.library_candidates(dep_paths, link.lib_dirs, [*link.lib_names, *(n for _, n in scripts.pairs)],
                                        os.environ.get("LIBRARY_PATH"))
-    libs += tracking.script_dir_candidates(scripts, dep_paths)
+    libs += tracking.script_dir_candidates(scripts.pairs, dep_paths) + scripts.watch
     # What the driver found along its own list (start files, the libraries it adds, specs files)
     libs += tracking.search_list_candidates(dep_paths, startfile_dirs) + specs_watch
     # (.include/.incbin names GNU as found along its own -I list)

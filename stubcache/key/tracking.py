@@ -937,20 +937,63 @@ SCRIPT_CAP = 1 << 20  # a linker script read for the names it hands the linker (
 _NOT_SCRIPTS = (b"\x7fELF", b"!<arch>\n", b"!<thin>\n")
 
 
-def script_names(deps: Iterable[str]) -> list[tuple[str, str]]:
-    """What the linker scripts among ``deps`` (files the linker read) ask the linker to find,
-    as ``(script, name)`` pairs with names as :func:`library_candidates` takes them: ``NAME`` for
-    a ``-lNAME`` and ``:FILE`` for a file named by a relative path, in their ``INPUT``, ``GROUP``
-    and ``AS_NEEDED`` lists (Debian's ``libncurses.so`` is ``INPUT(libncurses.so.6 -ltinfo)``).
-    A file that is not a regular file, is over :data:`SCRIPT_CAP` or cannot be read names nothing."""
-    pairs: list[tuple[str, str]] = []
-    for dep in deps:
-        base = os.path.basename(dep)
-        if base.endswith((".so", ".a")) or ".so." in base:  # a library's name (not a header)
-            text = _small_text(dep, _NOT_SCRIPTS)
-            if text:
-                pairs += [(dep, name) for name in _script_inputs(text)]
-    return pairs
+class ScriptNames:
+    """What the linker scripts a link read hand the linker (:func:`script_names`): ``pairs``,
+    ``(script, name)`` with names as :func:`library_candidates` takes them; ``included``, the
+    files their ``INCLUDE`` commands read, found as ld finds them (:data:`UNEXPRESSED` for one
+    that cannot be); ``watch``, where the same name appearing would be included instead."""
+
+    __slots__ = ("pairs", "included", "watch")
+
+    def __init__(self) -> None:
+        self.pairs: list[tuple[str, str]] = []
+        self.included: list[str] = []
+        self.watch: list[str] = []
+
+
+SCRIPT_INCLUDE_DEPTH = 10  # INCLUDEs followed, nested; a loop ends at a file seen
+
+
+def script_names(deps: Iterable[str], search_dirs: Iterable[str] = ()) -> ScriptNames:
+    """What the linker scripts among ``deps`` (files the linker read) ask the linker to find:
+    ``NAME`` for a ``-lNAME`` and ``:FILE`` for a file named by a relative path, in their
+    ``INPUT``, ``GROUP`` and ``AS_NEEDED`` lists (Debian's ``libncurses.so`` is
+    ``INPUT(libncurses.so.6 -ltinfo)``), and the same of the scripts they ``INCLUDE``. ld
+    (2.40, checked) looks for an included file in its working directory (a build's private one)
+    and then along the ``-L`` list, ``search_dirs`` here, and its dependency file names it as
+    written: so it is found here again along ``search_dirs`` and tracked, and the name watched
+    in the directories before it. A file that is not a regular file, is over :data:`SCRIPT_CAP`
+    or cannot be read names nothing."""
+    out = ScriptNames()
+    dirs = [kpath.tidy(d) for d in search_dirs if os.path.isabs(d)]
+    seen: set[str] = set()
+    todo = [(dep, 0) for dep in deps
+            if os.path.basename(dep).endswith((".so", ".a")) or ".so." in os.path.basename(dep)]  # a library's name
+    while todo:
+        path, level = todo.pop(0)
+        text = _small_text(path, _NOT_SCRIPTS)
+        if not text:
+            continue
+        names, includes = _script_inputs(text)
+        out.pairs += [(path, name) for name in names]
+        for name in includes:
+            if os.path.isabs(name):
+                found: str | None = name if os.path.isfile(name) else None
+                before: list[str] = []
+            else:
+                at = next((i for i, d in enumerate(dirs) if os.path.isfile(os.path.join(d, name))), None)
+                found = None if at is None else os.path.join(dirs[at], name)
+                before = dirs if at is None else dirs[:at]
+            if found in seen:
+                continue
+            out.watch += [os.path.join(d, name) for d in before]
+            if found is None:
+                out.included.append(UNEXPRESSED)  # read by the link, from where this cannot tell
+            elif level < SCRIPT_INCLUDE_DEPTH:
+                seen.add(found)
+                out.included.append(found)
+                todo.append((found, level + 1))
+    return out
 
 
 def script_dir_candidates(pairs: Iterable[tuple[str, str]], deps: Iterable[str]) -> list[str]:
@@ -988,19 +1031,21 @@ def _small_text(path: str, not_if: tuple[bytes, ...] = ()) -> str | None:
         os.close(fd)
 
 
-def _script_inputs(text: str) -> list[str]:
-    # The names in the INPUT and GROUP lists of a linker script's text, read as ld's lexer reads
-    # them, without ``re`` (its patterns cost a fresh engine process's first build ~0.5 ms of
-    # compiling, after its compiler has finished): /* comments */ anywhere and # comments outside
-    # a list dropped; a word ends at a blank, a comma, a semicolon, an =, a brace, a parenthesis
-    # or a quote; a "quoted" name is a file name; a keyword is a whole word.
+def _script_inputs(text: str) -> tuple[list[str], list[str]]:
+    # The names in the INPUT and GROUP lists of a linker script's text, and the files it
+    # INCLUDEs, read as ld's lexer reads them, without ``re`` (its patterns cost a fresh engine
+    # process's first build ~0.5 ms of compiling, after its compiler has finished): /* comments */
+    # anywhere and # comments outside a list dropped; a word ends at a blank, a comma, a
+    # semicolon, an =, a brace, a parenthesis or a quote; a "quoted" name is a file name; a
+    # keyword is a whole word.
     names: list[str] = []
+    includes: list[str] = []
     depth = 0  # inside an INPUT or GROUP list: its parentheses still open
-    expect_list = False
+    expect_list = expect_include = False
     for word, quoted in _script_words(text):
-        if word == "#" and not quoted:  # a line comment (only outside a list: there a name)
-            continue
-        if depth:
+        if expect_include and (quoted or word not in "()"):
+            includes.append(word)
+        elif depth:
             if quoted:
                 if word and not word.startswith("/"):
                     names.append(":" + word)
@@ -1015,7 +1060,8 @@ def _script_inputs(text: str) -> list[str]:
         elif expect_list and word == "(" and not quoted:
             depth = 1
         expect_list = not depth and not quoted and word in ("INPUT", "GROUP")
-    return names
+        expect_include = not depth and not quoted and word == "INCLUDE"
+    return names, includes
 
 
 _SCRIPT_BREAKS = frozenset(" \t\n\r\f\v,;={}()\"")
