@@ -276,12 +276,13 @@ def unit_deps(spec: StubSpec, build_dir: str, sources: list[str], compiler: dict
                 # (the language as torch's compile had it: its .cpp name, or a -x among the flags)
                 running.append((depfile, source, tracking.start_search_path([*cmd, "-M", "-MF", depfile], build_dir,
                                                                             source, language=None)))
-            depfile, source, proc = running.pop(0)
+            depfile, source, proc = running[0]
             try:
                 said, _ = proc.communicate(timeout=120)
             except subprocess.TimeoutExpired:
                 stop_session(proc)
                 said = b"(no answer in 120 s)"
+            running.pop(0)  # (only now: an interrupted wait leaves it to the cleanup below)
             listed = tracking.parse_depfile(os.path.join(build_dir, depfile)) if proc.returncode == 0 else []
             if not listed:
                 lines = [ln for ln in said.decode("utf-8", "replace").splitlines() if "error:" in ln]
