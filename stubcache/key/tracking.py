@@ -1043,7 +1043,7 @@ def _script_inputs(text: str) -> tuple[list[str], list[str]]:
     depth = 0  # inside an INPUT or GROUP list: its parentheses still open
     expect_list = expect_include = False
     for word, quoted in _script_words(text):
-        if expect_include and (quoted or word not in "()"):
+        if expect_include and (quoted or word not in ("(", ")")):
             includes.append(word)
         elif depth:
             if quoted:
@@ -1070,8 +1070,8 @@ _SCRIPT_BREAKS = frozenset(" \t\n\r\f\v,;={}()\"")
 def _script_words(text: str) -> list[tuple[str, bool]]:
     # A linker script's words (each with whether it was quoted), its parentheses as words of
     # their own, comments left out: /* ... */ anywhere (one never closed is read on, watching
-    # more), and # to the end of the line where a word would begin outside an INPUT or GROUP
-    # list (reported as a "#" word, which _script_inputs skips, so that it knows where lists are).
+    # more), and # to the end of the line where a word would begin outside every parenthesis
+    # (inside an INPUT or GROUP list, ld reads # as part of a name).
     words: list[tuple[str, bool]] = []
     depth = 0
     i, n = 0, len(text)
@@ -1127,15 +1127,18 @@ def library_candidates(deps: Iterable[str], lib_dirs: Iterable[str], lib_names: 
     deep = {f: files for f, files in wanted.items() if "/" in f}  # a script's sub/libx.a: ld searches it too
     out: list[str] = []
     for dep in deps:
-        tidy = kpath.tidy(dep)
-        base = os.path.basename(tidy)
+        base = os.path.basename(dep)
         files = wanted.get(base)
-        where = os.path.dirname(tidy)
-        if files is None:
+        if files is not None:
+            where = os.path.dirname(kpath.tidy(dep))
+        elif deep:
+            tidy = kpath.tidy(dep)
             found = next((f for f in deep if tidy.endswith("/" + f)), None)
             if found is None:
                 continue
             files, where = deep[found], tidy[:-len(found) - 1]
+        else:
+            continue
         before = dirs[:dirs.index(where)] if where in dirs else dirs
         out += [os.path.join(d, f) for d in before for f in files]
         if base.endswith(".a") and files[0].endswith(".so"):
