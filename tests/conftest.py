@@ -96,7 +96,8 @@ class CxxWrapper:
             case " $* " in
               *" -E "*) ;;
               *.cpp*|*.cu\\ *|*.c\\ *)
-                echo "$$ $*" >> "{self.log}"
+                line=$(echo "$$ $*" | tr '\\n' ' ')  # one line per compile, whatever its arguments hold
+                echo "$line" >> "{self.log}"
                 if [ -n "$STUBCACHE_TEST_CXX_MARK" ]; then : > "$STUBCACHE_TEST_CXX_MARK"; fi
                 if [ -n "$STUBCACHE_TEST_CXX_SLEEP" ]; then sleep "$STUBCACHE_TEST_CXX_SLEEP"; fi
                 ;;

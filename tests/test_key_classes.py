@@ -109,14 +109,24 @@ def test_header_names_with_every_special_character_are_tracked(cache_root, cxx, 
 def test_a_name_the_dependency_file_cannot_express_is_never_published(cache_root, cxx, tmp_path, name):
     """gcc writes a line break in a name as is, and a trailing backslash undoubled: the file
     read cannot be named for certain. The build loads but is never published, so an edit is
-    always seen (a private build each time), never a stale hit."""
+    always seen (a private build each time), never a stale hit. Nothing changed during it, so
+    it is not built again: one compile per process (three before: the build, a retry after the
+    clock slack, a private build), and the library this compile made is the one loaded."""
+    import json
+
     header = tmp_path / name
     header.write_text("#define VAL 1\n")
     spec = {"name": "unexpressed", "cpp_sources": value_src(), "extra_cflags": ["-include", str(header)]}
+    n = cxx.compiles()
     assert child(spec)[0] == 1
+    assert cxx.compiles() == n + 1
     assert StubCache().lookup(StubSpec(**spec)) is None
     header.write_text("#define VAL 2\n")
     assert child(spec)[0] == 2
+    assert cxx.compiles() == n + 2
+    events = [json.loads(line) for f in (cache_root / "v1" / "events").iterdir() for line in f.read_text().splitlines()]
+    assert [e.get("reason") for e in events if e["ev"] == "private_build"] == ["a file the build read cannot be named"] * 2
+    assert not [e for e in events if e["ev"] == "unstable_inputs"]
 
 
 # --- class 5: a library that cannot load is a failed build ------------------------------------

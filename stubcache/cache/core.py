@@ -242,6 +242,12 @@ class Speculation:
 SIZE_CAP_DELAY = 0.5  # seconds the size cap's helper thread waits: a starting herd loads first
 
 
+def _unexpressed() -> str:
+    from ..key.tracking import UNEXPRESSED  # (imported by every build, but not by a lookup)
+
+    return UNEXPRESSED
+
+
 def start_size_cap(store: Store) -> None:
     """Run :func:`stubcache.admin.sizecap.after_publish` on a helper thread, after
     ``SIZE_CAP_DELAY``, so that the process that built the stub (and the herd that waited for it)
@@ -1096,6 +1102,12 @@ class CacheCore:
             started = speculation.take() if speculation is not None else None
             staging = self.store.new_staging(base) if started is None or started.staging is None else started.staging
             result = self._compile(spec, base, staging, meanwhile, started)
+            if result.unstable and all(u == _unexpressed() for u in result.unstable):
+                # Nothing moved: the build read a file it cannot name, and so would every build
+                # again. This library is used, from a private copy, and never published.
+                log.warning("stubcache: %r read a file whose name its dependency output cannot express; "
+                            "using this build without caching it", spec.name)
+                return self._keep_private(spec, base, result, reason="a file the build read cannot be named")
             if result.unstable:
                 # An input changed while the compiler ran: the library may hold either version,
                 # so it is published under no key. Once more, then privately.
@@ -1206,6 +1218,23 @@ class CacheCore:
 
         with progress.status(lambda: f"building {spec.name} privately ({spec.build_method} build)"):
             result = build(spec, build_dir, self.fingerprint.compiler_facts())
+        return self._private_entry(spec, base, result, reason)
+
+    def _keep_private(self, spec: StubSpec, base: str, result: BuildResult, reason: str) -> Entry:
+        """This build's library, moved out of its staging directory (removed by the caller) into
+        a private temporary one, loaded from there and never published."""
+        import atexit
+        import shutil
+        import tempfile
+
+        tmp = tempfile.mkdtemp(prefix="stubcache-private-")
+        atexit.register(Store.rmtree, tmp)
+        library = os.path.join(tmp, os.path.basename(result.library))
+        shutil.move(result.library, library)  # (a copy where /tmp is another file system)
+        result.library = library
+        return self._private_entry(spec, base, result, reason)
+
+    def _private_entry(self, spec: StubSpec, base: str, result: BuildResult, reason: str) -> Entry:
         manifest = self._manifest_for(spec, base, result, file_sha256(result.library),
                                       os.path.getsize(result.library))
         self._event(Event.PRIVATE_BUILD, manifest.key, result.seconds, name=spec.name, reason=reason)

@@ -469,7 +469,10 @@ class Tracker:
             fd = -1 if known is not None and known[0] == signature(st0) else os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             if not probe and not _driver_temporary(path):
-                self.unstable.append(path)  # read by the build, gone now
+                # Read by the build, gone now; or, where ``path`` + a backslash exists, a name that
+                # ends in one, which gcc writes as a line continuation: not a change, a name the
+                # dependency file cannot express (every build would read it again).
+                self.unstable.append(UNEXPRESSED if os.path.lexists(path + "\\") else path)
             return
         if fd < 0:  # hashed by an earlier build of this user's, and unchanged since (signature)
             digest, st1 = known[1], st0  # type: ignore[index]  # (known is set: fd < 0)
