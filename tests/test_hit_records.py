@@ -4,6 +4,7 @@ back to the full path, which then loads the right library (or refuses, as before
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -159,26 +160,65 @@ def test_dropin_with_a_build_directory_uses_the_placed_file_and_replaces_a_wrong
     warm(lambda env=None: dropin(build_directory=str(bd), env=env))
     placed = bd / "recstub.so"
     assert dropin(build_directory=str(bd)) == (1, True, str(placed))
-    # Another library of ours at the path (same size, other bytes): never loaded as is.
+    ino = placed.stat().st_ino
+    assert dropin(build_directory=str(bd)) == (1, True, str(placed)) and placed.stat().st_ino == ino  # kept
+    entry = json.loads(records(cache_root)[0].read_text())
+    # Another library of ours at the path (same size, other bytes): never loaded as is; the
+    # compact path puts a copy of the entry's in its place.
     data = bytearray(placed.read_bytes())
     data[-1] ^= 0xFF
     placed.unlink()
     placed.write_bytes(bytes(data))
     placed.chmod(0o755)
-    assert dropin(build_directory=str(bd)) == (1, False, str(placed))  # the full path placed it again
     assert dropin(build_directory=str(bd)) == (1, True, str(placed))
-    # A link planted there: replaced by the full path, never followed.
+    assert hashlib.sha256(placed.read_bytes()).hexdigest() == entry["sha256"]
+    # A link planted there: replaced, never followed (its target keeps its bytes).
     target = tmp_path / "elsewhere.so"
-    target.write_bytes(placed.read_bytes())
+    target.write_bytes(b"not a library")
     placed.unlink()
     placed.symlink_to(target)
-    assert dropin(build_directory=str(bd)) == (1, False, str(placed))
-    assert not placed.is_symlink()
+    assert dropin(build_directory=str(bd)) == (1, True, str(placed))
+    assert not placed.is_symlink() and target.read_bytes() == b"not a library"
+    # A directory where the library goes: the full path reports it, as before.
+    placed.unlink()
+    placed.mkdir()
+    proc = run_py(DROPIN % (SRC % 1, f", build_directory={str(bd)!r}"), check=False)
+    assert proc.returncode != 0 and "a directory has its name" in proc.stderr
+    placed.rmdir()
     # A directory others can write (not sticky): refused by the full path, as before.
     bd.chmod(0o777)
     proc = run_py(DROPIN % (SRC % 1, f", build_directory={str(bd)!r}"), check=False)
     assert proc.returncode != 0 and "writable by others" in proc.stderr
+    assert not placed.exists()
+    assert [p.name for p in bd.iterdir()] == []  # no temporary file left by either path
     assert cxx.compiles() == 1
+
+
+def test_dropin_with_a_new_build_directory_places_the_library_without_the_full_path(cache_root, cxx, tmp_path):
+    """A warm host's first call with a build directory that does not hold the library yet (a
+    container's fresh /tmp: SGLang's and vLLM's NCCL allocators load ``{dir}/{name}.so``
+    themselves): the compact path copies the entry's library there, checked, and loads that very
+    file; the cache itself is never imported. The copy is the caller's file: mode 0777 less the
+    umask, as the linker makes torch's, and one link (never the entry's inode)."""
+    warm(dropin)
+    for i in range(2):
+        bd = tmp_path / f"fresh{i}"
+        bd.mkdir()
+        placed = bd / "recstub.so"
+        assert dropin(build_directory=str(bd), env={"STUBCACHE_REQUIRE_HIT": "1"}) == (1, True, str(placed))
+        st = placed.stat()
+        entry_lib = next((cache_root / "v1" / "entries").glob("*/recstub.so"))
+        assert st.st_nlink == 1 and st.st_ino != entry_lib.stat().st_ino
+        assert placed.read_bytes() == entry_lib.read_bytes()
+        assert stat.S_IMODE(st.st_mode) == 0o777 & ~_umask()
+        assert sorted(p.name for p in bd.iterdir()) == ["recstub.so"]
+    assert cxx.compiles() == 1
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def test_a_record_goes_stale_when_the_compiler_changes(cache_root, cxx):

@@ -26,16 +26,12 @@ import os
 
 from ..edge import fsroot
 from ..storage import locking
-from hashlib import sha256
-from ..hit import build_directory_problem, placed_copy
+from ..hit import build_directory_problem, copy_checked, placed_copy
 from ..storage.locking import temp_name
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
 if TYPE_CHECKING:
     from ..storage.manifest import Manifest
-
-_COPY_CHUNK = 1 << 20
-
 
 class Placed:
     """A library placed in a build directory: ``path`` (as torch would return it), ``fd`` (open
@@ -85,20 +81,7 @@ def _same_library(dfd: int, name: str, manifest: Manifest) -> tuple[int, os.stat
 
 def _copy_verified(src_fd: int, dst_fd: int, manifest: Manifest, source: str) -> None:
     """Copy the library, hashing what was read: the copy is the manifest's bytes or an error."""
-    h = sha256()
-    size = 0
-    while True:
-        chunk = os.read(src_fd, _COPY_CHUNK)
-        if not chunk:
-            break
-        h.update(chunk)
-        size += len(chunk)
-        if size > manifest.size:
-            break
-        view = memoryview(chunk)
-        while view:
-            view = view[os.write(dst_fd, view):]
-    if size != manifest.size or h.hexdigest() != manifest.sha256:
+    if not copy_checked(src_fd, dst_fd, manifest.size, manifest.sha256):
         from ..edge.errors import IntegrityError
 
         raise IntegrityError(f"library {source} changed while it was copied into the build directory")

@@ -943,6 +943,50 @@ def placed_copy(dfd: int, name: str, size: int, sha256: str) -> tuple[int, os.st
     return None
 
 
+def copy_checked(src_fd: int, dst_fd: int, size: int, sha256: str) -> bool:
+    # Copy the file open as ``src_fd`` (from offset 0) to ``dst_fd``, hashing what was read: True
+    # if those were ``size`` bytes of checksum ``sha256`` (what a placed copy must hold).
+    import hashlib  # (see sha256_fd)
+
+    h = hashlib.sha256()
+    offset = 0
+    while offset <= size:
+        chunk = os.pread(src_fd, min(1 << 20, size + 1 - offset), offset)
+        if not chunk:
+            break
+        h.update(chunk)
+        offset += len(chunk)
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(dst_fd, view):]
+    return offset == size and h.hexdigest() == sha256
+
+
+def _place_copy(dfd: int, name: str, hit: Hit) -> tuple[int, os.stat_result] | None:
+    # Our copy of the hit's library written to a fresh temporary name in the build directory open
+    # as ``dfd`` (its flock held) and renamed to ``name``, which replaces a link there and never
+    # follows it: an fd on it and its stat, or ``None`` with nothing left behind (the full path,
+    # stubcache.dropin.builddir.place, then places it and reports what fails).
+    tmp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"  # stubcache.storage.locking.temp_name's form
+    try:
+        # 0777 less the umask, as the linker creates torch's library there
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o777, dir_fd=dfd)
+    except OSError:
+        return None
+    try:
+        if copy_checked(hit.fd, fd, hit.record.size, hit.record.sha256):
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            return fd, os.fstat(fd)
+    except OSError:
+        pass
+    try:
+        os.unlink(tmp, dir_fd=dfd)
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
 def build_directory_problem(st: os.stat_result) -> str | None:
     # Why a build directory (its ``fstat``) cannot take a library, or ``None``: it must belong
     # to this user or root and not be writable by others unless sticky.
@@ -956,11 +1000,13 @@ def build_directory_problem(st: os.stat_result) -> str | None:
 
 
 def load_placed(hit: Hit, directory: str, module_name: str) -> str | None:
-    # For a drop-in call with a ``build_directory``: if ``<directory>/<module_name>.so`` already
-    # is our verified copy of the hit's library, load that very file (by its real path, then the
-    # mapping checked against the descriptor it was checksummed through) and return the path as
-    # torch would; else ``None`` (the full path copies it there). Holds the directory's ``flock``
-    # while it looks, as :func:`stubcache.dropin.builddir.place` does, without waiting for it.
+    # For a drop-in call with a ``build_directory``: load ``<directory>/<module_name>.so`` if it
+    # already is our verified copy of the hit's library, else a copy placed there now (a new
+    # directory: a container's fresh /tmp), that very file (by its real path, then the mapping
+    # checked against the descriptor it was checksummed or written through), and return the path
+    # as torch would; ``None`` where that cannot be done here (the full path then places it and
+    # reports why). Holds the directory's ``flock`` meanwhile, as
+    # :func:`stubcache.dropin.builddir.place` does, without waiting for it.
     import fcntl
 
     name = f"{module_name}.so"
@@ -975,7 +1021,7 @@ def load_placed(hit: Hit, directory: str, module_name: str) -> str | None:
             fcntl.flock(dfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             return None
-        found = placed_copy(dfd, name, hit.record.size, hit.record.sha256)
+        found = placed_copy(dfd, name, hit.record.size, hit.record.sha256) or _place_copy(dfd, name, hit)
         if found is None:
             return None
         fd, st = found
