@@ -121,9 +121,10 @@ def child_env(**extra: str) -> dict:
 
 
 def run_py(code: str, args: Sequence[str] = (), env: dict | None = None, timeout: float = 600,
-           python: str = PY, cwd: str | Path | None = None) -> str:
-    """Run a Python snippet in a fresh process; return its stdout (raise with stderr on failure)."""
-    proc = subprocess.run([python, "-c", textwrap.dedent(code), *map(str, args)], env=env or child_env(), cwd=cwd,
+           python: str = PY, cwd: str | Path | None = None, prefix: Sequence[str] = ()) -> str:
+    """Run a Python snippet in a fresh process (started through the command ``prefix``, if any);
+    return its stdout (raise with stderr on failure)."""
+    proc = subprocess.run([*prefix, python, "-c", textwrap.dedent(code), *map(str, args)], env=env or child_env(), cwd=cwd,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark child failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -131,9 +132,9 @@ def run_py(code: str, args: Sequence[str] = (), env: dict | None = None, timeout
 
 
 def run_json(code: str, args: Sequence[str] = (), env: dict | None = None, timeout: float = 600,
-             python: str = PY, cwd: str | Path | None = None) -> Any:
+             python: str = PY, cwd: str | Path | None = None, prefix: Sequence[str] = ()) -> Any:
     """Run a snippet that prints one JSON document as its last stdout line."""
-    out = run_py(code, args, env, timeout, python, cwd)
+    out = run_py(code, args, env, timeout, python, cwd, prefix)
     return json.loads(out.strip().splitlines()[-1])
 
 

@@ -42,3 +42,16 @@ def test_real_paths_resolve_as_realpath_does(tmp_path):
         for d, n in itertools.product(dirs, names):
             path = os.path.join(d, n)
             assert real(path) == os.path.realpath(path), path
+
+
+def test_a_name_ending_in_a_backslash_at_a_line_end_is_unexpressed(tmp_path):
+    """gcc, clang and GNU as break a line as ``" \\<newline>"``; a backslash ending a line with no
+    blank before it ends a name (gcc writes ``x\\`` unescaped). Read as a break, it would name
+    ``x``, a file that may exist (a stale hit through a decoy): the list is unexpressed."""
+    dep = tmp_path / "main.d"
+    dep.write_text("main.o: main.cpp /inc/x\\\n")
+    assert parse_depfile(str(dep)) == [UNEXPRESSED]
+    dep.write_text("main.o: main.cpp /inc/x\\\n /inc/y.h\n")
+    assert parse_depfile(str(dep)) == [UNEXPRESSED]
+    dep.write_text("main.o: main.cpp \\\n /inc/x.h /inc/a\\ b.h\n")
+    assert parse_depfile(str(dep)) == ["main.cpp", "/inc/x.h", "/inc/a b.h"]

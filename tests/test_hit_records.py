@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import stat
 import textwrap
 from pathlib import Path
@@ -198,8 +199,10 @@ def test_dropin_with_a_new_build_directory_places_the_library_without_the_full_p
     """A warm host's first call with a build directory that does not hold the library yet (a
     container's fresh /tmp: SGLang's and vLLM's NCCL allocators load ``{dir}/{name}.so``
     themselves): the compact path copies the entry's library there, checked, and loads that very
-    file; the cache itself is never imported. The copy is the caller's file: mode 0777 less the
-    umask, as the linker makes torch's, and one link (never the entry's inode)."""
+    file; the cache itself is never imported. The copy is the caller's file, one link (never the
+    entry's inode), mode 0755 less the umask: written by no one else, whatever the umask (a group
+    member who could write it after it was hashed would have their bytes loaded), so the next
+    call keeps it."""
     warm(dropin)
     for i in range(2):
         bd = tmp_path / f"fresh{i}"
@@ -210,8 +213,73 @@ def test_dropin_with_a_new_build_directory_places_the_library_without_the_full_p
         entry_lib = next((cache_root / "v1" / "entries").glob("*/recstub.so"))
         assert st.st_nlink == 1 and st.st_ino != entry_lib.stat().st_ino
         assert placed.read_bytes() == entry_lib.read_bytes()
-        assert stat.S_IMODE(st.st_mode) == 0o777 & ~_umask()
+        assert stat.S_IMODE(st.st_mode) == 0o755 & ~_umask()
         assert sorted(p.name for p in bd.iterdir()) == ["recstub.so"]
+    # Under umask 002 (group-writable files by default): still 0755, and kept by the next call.
+    bd = tmp_path / "umask002"
+    bd.mkdir()
+    old = os.umask(0o002)
+    try:
+        placed = bd / "recstub.so"
+        assert dropin(build_directory=str(bd))[:2] == (1, True)
+        assert stat.S_IMODE(placed.stat().st_mode) == 0o755
+        ino = placed.stat().st_ino
+        assert dropin(build_directory=str(bd))[:2] == (1, True) and placed.stat().st_ino == ino
+    finally:
+        os.umask(old)
+    assert cxx.compiles() == 1
+
+
+CTOR_SRC = r"""
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
+__attribute__((constructor)) static void ran(void) {
+    const char *log = getenv("CTOR_LOG");
+    if (log) { int fd = open(log, O_WRONLY | O_APPEND | O_CREAT, 0644); if (fd >= 0) { write(fd, "c\n", 2); close(fd); } }
+}
+extern "C" int value(void) { return 5; }
+"""
+NO_MAP_FILES = ["setpriv", "--bounding-set=-sys_admin,-checkpoint_restore"]
+
+
+def test_the_compact_path_checks_the_mapping_where_proc_map_files_is_refused(cache_root, cxx, tmp_path):
+    """``/proc/self/map_files`` needs CAP_CHECKPOINT_RESTORE or CAP_SYS_ADMIN (Linux 5.9 on): an
+    ordinary user's process, or root's in a container with Docker's default capabilities, gets
+    EPERM there. The compact path then finds the library's mappings in ``/proc/self/maps``;
+    before, every such warm call fell to the full path (after a ``dlclose``, so a library's
+    constructors ran twice). Root here, with those two capabilities dropped (``setpriv``)."""
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv to drop capabilities")
+    probe = subprocess.run([*NO_MAP_FILES, sys.executable, "-c", "import os; d = '/proc/self/map_files/'; "
+                            "os.stat(d + os.listdir(d)[0])"], capture_output=True, text=True)
+    if "Operation not permitted" not in probe.stderr:
+        pytest.skip("this kernel lets a process without those capabilities read /proc/self/map_files")
+    code = """
+import sys, stubcache
+path = stubcache.load_inline("ctorstub", %r, is_python_module=False, no_implicit_headers=True%s)
+print("stubcache.cache.core" not in sys.modules, path)
+"""
+    log = tmp_path / "ctor.log"
+
+    def call(build_directory: str | None = None, capped: bool = True) -> tuple[bool, str, int]:
+        before = log.read_text().count("c") if log.exists() else 0
+        bd = "" if build_directory is None else f", build_directory={build_directory!r}"
+        proc = subprocess.run([*(NO_MAP_FILES if capped else []), sys.executable, "-c", code % (CTOR_SRC, bd)],
+                              env=dict(os.environ, CTOR_LOG=str(log)), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        out = proc.stdout.split()
+        return out[0] == "True", out[1], log.read_text().count("c") - before
+
+    bd = tmp_path / "bd"
+    bd.mkdir()
+    assert call(capped=False)[0] is False  # builds, leaves the record
+    assert call()[0::2] == (True, 1)
+    assert call(str(bd)) == (True, str(bd / "ctorstub.so"), 1)  # placed in a new directory: once
+    assert call(str(bd)) == (True, str(bd / "ctorstub.so"), 1)  # the copy there
     assert cxx.compiles() == 1
 
 

@@ -116,6 +116,8 @@ def test_a_name_the_dependency_file_cannot_express_is_never_published(cache_root
 
     header = tmp_path / name
     header.write_text("#define VAL 1\n")
+    if name.endswith("\\"):  # a decoy where the name read without its backslash points
+        (tmp_path / name[:-1]).write_text("#define VAL 99\n")
     spec = {"name": "unexpressed", "cpp_sources": value_src(), "extra_cflags": ["-include", str(header)]}
     n = cxx.compiles()
     assert child(spec)[0] == 1

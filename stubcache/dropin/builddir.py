@@ -26,7 +26,7 @@ import os
 
 from ..edge import fsroot
 from ..storage import locking
-from ..hit import build_directory_problem, copy_checked, placed_copy
+from ..hit import PLACED_MODE, build_directory_problem, copy_checked, placed_copy
 from ..storage.locking import temp_name
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
@@ -115,8 +115,7 @@ def _write_copy(dfd: int, name: str, library: str, manifest: Manifest, path: str
     src = fsroot.open_regular(None, library)
     try:
         tmp = temp_name(name)
-        # 0777 less the umask, as the linker creates torch's library there
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o777, dir_fd=dfd)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, PLACED_MODE, dir_fd=dfd)
         try:
             _copy_verified(src, fd, manifest, library)
             try:

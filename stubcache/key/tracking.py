@@ -263,6 +263,14 @@ def _parse_linker_depfile(text: str, base: str) -> list[str]:
 
 
 def _parse_make_depfile(text: str) -> list[str]:
+    # gcc, clang and GNU as break a long line as " \<newline>": a backslash that ends a line with
+    # no blank before it ends a name (which gcc writes unescaped), and read as a break it would
+    # name another file, one that may exist (``x\`` read as ``x``).
+    at = text.find("\\\n")
+    while at != -1:
+        if text[at - 1:at] != " ":
+            return [UNEXPRESSED]
+        at = text.find("\\\n", at + 2)
     # gcc writes one rule; a line break inside a name shows as a second line that is no rule.
     joined = text.replace("\\\n", " ")
     lines = [ln for ln in joined.split("\n") if ln.strip()]
@@ -469,10 +477,7 @@ class Tracker:
             fd = -1 if known is not None and known[0] == signature(st0) else os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             if not probe and not _driver_temporary(path):
-                # Read by the build, gone now; or, where ``path`` + a backslash exists, a name that
-                # ends in one, which gcc writes as a line continuation: not a change, a name the
-                # dependency file cannot express (every build would read it again).
-                self.unstable.append(UNEXPRESSED if os.path.lexists(path + "\\") else path)
+                self.unstable.append(path)  # read by the build, gone now
             return
         if fd < 0:  # hashed by an earlier build of this user's, and unchanged since (signature)
             digest, st1 = known[1], st0  # type: ignore[index]  # (known is set: fd < 0)

@@ -20,27 +20,9 @@ import os
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path)
 
-def _mappings(path: str) -> list[tuple[int, int, str]]:
-    """``(dev, inode, address range)`` of each mapping of ``path`` in this process."""
-    with open("/proc/self/maps", "rb") as fh:
-        data = fh.read()
-    name = os.fsencode(path)
-    out = []
-    i = data.find(name)
-    while i != -1:  # only the lines naming the path are parsed (a torch process has hundreds)
-        start = data.rfind(b"\n", 0, i) + 1
-        end = data.find(b"\n", i)
-        parts = data[start:end if end != -1 else len(data)].split(None, 5)
-        if len(parts) == 6 and parts[5] in (name, name + b" (deleted)"):  # the kernel's spelling
-            major, minor = (int(x, 16) for x in parts[3].split(b":"))
-            out.append((os.makedev(major, minor), int(parts[4]), parts[0].decode()))
-        i = data.find(name, end if end != -1 else len(data))
-    return out
-
-
 # The direct way's pieces live in stubcache.hit, which checks a recorded hit's mapping
 # without importing this module; both share the set of paths already checked.
-from ..hit import MAPPED as _checked, first_segment as _first_segment  # noqa: E402
+from ..hit import MAPPED as _checked, first_segment as _first_segment, mappings as _mappings  # noqa: E402
 
 def check_mapped(path: str, st: os.stat_result, sha256: str, handle: int | None = None,
                  fd: int | None = None) -> None:
