@@ -155,7 +155,7 @@ def _capless_prefix() -> list[str] | None:
     prefix = ["setpriv", "--bounding-set=-sys_admin,-checkpoint_restore"]
     probe = subprocess.run([*prefix, sys.executable, "-c", "import os; d = '/proc/self/map_files/'; "
                             "os.stat(d + os.listdir(d)[0])"], capture_output=True, text=True)
-    return prefix if "Operation not permitted" in probe.stderr else None
+    return prefix if "PermissionError" in probe.stderr and "map_files" in probe.stderr else None
 
 
 def run(ctx: Ctx) -> dict:
