@@ -248,6 +248,17 @@ def _unexpressed() -> str:
     return UNEXPRESSED
 
 
+def _private_dir() -> str:
+    """A new private temporary directory for a library that is loaded but never published,
+    removed when the process exits."""
+    import atexit
+    import tempfile
+
+    tmp = tempfile.mkdtemp(prefix="stubcache-private-")
+    atexit.register(Store.rmtree, tmp)
+    return tmp
+
+
 def start_size_cap(store: Store) -> None:
     """Run :func:`stubcache.admin.sizecap.after_publish` on a helper thread, after
     ``SIZE_CAP_DELAY``, so that the process that built the stub (and the herd that waited for it)
@@ -1102,7 +1113,7 @@ class CacheCore:
             started = speculation.take() if speculation is not None else None
             staging = self.store.new_staging(base) if started is None or started.staging is None else started.staging
             result = self._compile(spec, base, staging, meanwhile, started)
-            if result.unstable and all(u == _unexpressed() for u in result.unstable):
+            if result.unstable and set(result.unstable) == {_unexpressed()}:
                 # Nothing moved: the build read a file it cannot name, and so would every build
                 # again. This library is used, from a private copy, and never published.
                 log.warning("stubcache: %r read a file whose name its dependency output cannot express; "
@@ -1205,14 +1216,9 @@ class CacheCore:
 
     def _private_build(self, spec: StubSpec, base: str, reason: str) -> Entry:
         """Build in a private temporary directory, load from there, never publish."""
-        import atexit
-        import tempfile
-
         from ..build.builder import build
 
-        tmp = tempfile.mkdtemp(prefix="stubcache-private-")
-        atexit.register(Store.rmtree, tmp)
-        build_dir = os.path.join(tmp, "build")
+        build_dir = os.path.join(_private_dir(), "build")
         os.mkdir(build_dir, 0o700)
         from ..edge import progress
 
@@ -1223,13 +1229,9 @@ class CacheCore:
     def _keep_private(self, spec: StubSpec, base: str, result: BuildResult, reason: str) -> Entry:
         """This build's library, moved out of its staging directory (removed by the caller) into
         a private temporary one, loaded from there and never published."""
-        import atexit
         import shutil
-        import tempfile
 
-        tmp = tempfile.mkdtemp(prefix="stubcache-private-")
-        atexit.register(Store.rmtree, tmp)
-        library = os.path.join(tmp, os.path.basename(result.library))
+        library = os.path.join(_private_dir(), os.path.basename(result.library))
         shutil.move(result.library, library)  # (a copy where /tmp is another file system)
         result.library = library
         return self._private_entry(spec, base, result, reason)

@@ -998,12 +998,18 @@ def copy_checked(src_fd: int, dst_fd: int, size: int, sha256: str) -> bool:
     return offset == size and h.hexdigest() == sha256
 
 
+def temp_name(name: str) -> str:
+    # ``.<name>.<pid>.<random>.tmp``: the temporary file renamed to ``name`` (hidden; its writer's
+    # pid for stubcache.storage.locking.temp_pid). ``name`` is checked by the caller.
+    return f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+
+
 def _place_copy(dfd: int, name: str, hit: Hit) -> tuple[int, os.stat_result] | None:
     # Our copy of the hit's library written to a fresh temporary name in the build directory open
     # as ``dfd`` (its flock held) and renamed to ``name``, which replaces a link there and never
     # follows it: an fd on it and its stat, or ``None`` with nothing left behind (the full path,
     # stubcache.dropin.builddir.place, then places it and reports what fails).
-    tmp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"  # stubcache.storage.locking.temp_name's form
+    tmp = temp_name(name)
     try:
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, PLACED_MODE, dir_fd=dfd)
     except OSError:

@@ -32,6 +32,7 @@ import stat
 import time
 
 from ..edge import fsroot
+from ..hit import temp_name as hit_temp_name
 from ..edge.errors import LockTimeoutError
 
 TYPE_CHECKING = False  # not typing's: the hit path imports this module, and typing costs milliseconds
@@ -309,7 +310,7 @@ def open_new(dir_fd: int, name: str, *, mode: int, append: bool = False) -> int:
 def temp_name(name: str) -> str:
     """The name :func:`write_file` gives the temporary file it renames to ``name``:
     ``.<name>.<pid>.<random>.tmp`` (hidden, and its writer's pid for :func:`temp_pid`)."""
-    return f".{fsroot.check_name(name)}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    return hit_temp_name(fsroot.check_name(name))
 
 
 def temp_pid(name: str) -> int | None:
