@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from ..edge import log
-from .exits import EXIT_USAGE, run_command
+from .exits import EXIT_USAGE, broken_pipe, run_command
 from .parser import build_parser
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
@@ -54,6 +54,21 @@ def _settings_problem(args: argparse.Namespace) -> int | None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``stubcache`` console script; returns the exit code."""
+    try:
+        try:
+            return _main(argv)
+        finally:
+            # What was written is still in stdout's buffer unless stdout is unbuffered
+            # (PYTHONUNBUFFERED): a reader that went away (`stubcache ls | head -1`, `--help |
+            # head -1`) is found here, not by the exit-time flush, which would print "Exception
+            # ignored ... BrokenPipeError" and exit 120.
+            if sys.stdout is not None:
+                sys.stdout.flush()
+    except BrokenPipeError:
+        return broken_pipe()
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     for i, a in enumerate(argv[:-1]):

@@ -52,6 +52,19 @@ def error(text: str) -> None:
     sys.stderr.write(f"stubcache: {text}\n")
 
 
+def broken_pipe() -> int:
+    """The output's reader went away: exit quietly, as other Unix tools (stdout pointed at
+    /dev/null, so that the exit-time flush is silent too)."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+    return EXIT_BROKEN_PIPE
+
+
 def run_command(command: Callable[[], int]) -> int:
     """Run one command; its return value is the exit code, and each exception it raises maps to
     one code here, with a one-line message instead of a traceback."""
@@ -61,15 +74,7 @@ def run_command(command: Callable[[], int]) -> int:
     try:
         return command()
     except BrokenPipeError:
-        # quiet, as other Unix tools: point stdout at /dev/null so the exit-time flush is silent
-        import os
-
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-        except (OSError, ValueError):
-            pass
-        return EXIT_BROKEN_PIPE
+        return broken_pipe()
     except SettingsError as exc:
         error(str(exc))
         return EXIT_USAGE
