@@ -77,6 +77,30 @@ def cache_root(tmp_path, monkeypatch) -> Path:
     return root
 
 
+@pytest.fixture(scope="session")
+def btrfs_dir(tmp_path_factory) -> Path:
+    """A directory on a real btrfs filesystem (a loop-mounted image, made here; root only). On
+    btrfs, ``stat`` reports each subvolume's own device while ``/proc/self/maps`` shows the
+    filesystem's: the mapping check must not take that for another file."""
+    if os.geteuid() != 0 or not shutil.which("mkfs.btrfs") or not shutil.which("mount"):
+        pytest.skip("needs root, mkfs.btrfs (btrfs-progs) and mount to make a btrfs filesystem")
+    base = tmp_path_factory.mktemp("btrfs")
+    image, mnt = base / "fs.img", base / "mnt"
+    mnt.mkdir()
+    with open(image, "wb") as fh:
+        fh.truncate(256 << 20)  # sparse: only what the tests write takes disk space
+    for cmd in (["mkfs.btrfs", "-q", "-f", str(image)], ["mount", "-o", "loop", str(image), str(mnt)]):
+        made = subprocess.run(cmd, capture_output=True, text=True)
+        if made.returncode != 0:
+            pytest.skip(f"cannot make a btrfs filesystem here ({' '.join(cmd[:2])}: {made.stderr.strip()[-200:]})")
+    try:
+        yield mnt
+    finally:
+        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)  # a process still holds it
+        image.unlink()
+
+
 class CxxWrapper:
     """A ``CXX`` that logs every compile (an invocation with a source file, not one that only
     preprocesses it: the direct build's search probe reads ``main.cpp`` too) and then runs c++.

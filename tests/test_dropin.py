@@ -226,7 +226,7 @@ def test_a_library_swapped_between_check_and_load_is_refused(cache_root, tmp_pat
 
     scanned = []  # the direct check (map_files) only ever accepts: a mismatch goes the full way
     full_scan = mapped._mappings
-    monkeypatch.setattr(mapped, "_mappings", lambda path: scanned.append(path) or full_scan(path))
+    monkeypatch.setattr(mapped, "_mappings", lambda path, fd=None: scanned.append(path) or full_scan(path, fd))
     cache = stubcache.StubCache()
     entry = cache.get_or_build(stubcache.StubSpec("swapped", 'extern "C" int f(void) { return 1; }'))
     fd = cache._open_checked(entry)  # what load_entry verifies first

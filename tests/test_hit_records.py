@@ -243,12 +243,7 @@ extern "C" int value(void) { return 5; }
 NO_MAP_FILES = ["setpriv", "--bounding-set=-sys_admin,-checkpoint_restore"]
 
 
-def test_the_compact_path_checks_the_mapping_where_proc_map_files_is_refused(cache_root, cxx, tmp_path):
-    """``/proc/self/map_files`` needs CAP_CHECKPOINT_RESTORE or CAP_SYS_ADMIN (Linux 5.9 on): an
-    ordinary user's process, or root's in a container with Docker's default capabilities, gets
-    EPERM there. The compact path then finds the library's mappings in ``/proc/self/maps``;
-    before, every such warm call fell to the full path (after a ``dlclose``, so a library's
-    constructors ran twice). Root here, with those two capabilities dropped (``setpriv``)."""
+def _skip_unless_map_files_can_be_refused() -> None:
     import subprocess
     import sys
 
@@ -259,6 +254,29 @@ def test_the_compact_path_checks_the_mapping_where_proc_map_files_is_refused(cac
     if "PermissionError" not in probe.stderr or "map_files" not in probe.stderr:  # (setpriv itself may be refused)
         pytest.skip("setpriv cannot drop those capabilities here, or this kernel lets a process without "
                     "them read /proc/self/map_files")
+
+
+@pytest.mark.parametrize("fs", ["tmp", "btrfs"])
+def test_the_compact_path_checks_the_mapping_where_proc_map_files_is_refused(cache_root, cxx, tmp_path, fs, request,
+                                                                            monkeypatch):
+    """``/proc/self/map_files`` needs CAP_CHECKPOINT_RESTORE or CAP_SYS_ADMIN (Linux 5.9 on): an
+    ordinary user's process, or root's in a container with Docker's default capabilities, gets
+    EPERM there. The compact path then finds the library's mappings in ``/proc/self/maps``;
+    before, every such warm call fell to the full path (after a ``dlclose``, so a library's
+    constructors ran twice). Root here, with those two capabilities dropped (``setpriv``).
+
+    On btrfs (the root and the build directory there), /proc/self/maps shows another device
+    than ``stat`` for the same file: before, every such load was refused as "not the verified
+    file" (an IntegrityError, full path and all), for every process without those capabilities."""
+    import subprocess
+    import sys
+
+    _skip_unless_map_files_can_be_refused()
+    base = tmp_path
+    if fs == "btrfs":
+        base = request.getfixturevalue("btrfs_dir") / tmp_path.name
+        base.mkdir()
+        monkeypatch.setenv("STUBCACHE_DIR", str(base / "cache"))
     code = """
 import sys, stubcache
 path = stubcache.load_inline("ctorstub", %r, is_python_module=False, no_implicit_headers=True%s)
@@ -275,13 +293,46 @@ print("stubcache.cache.core" not in sys.modules, path)
         out = proc.stdout.split()
         return out[0] == "True", out[1], log.read_text().count("c") - before
 
-    bd = tmp_path / "bd"
+    bd = base / "bd"
     bd.mkdir()
     assert call(capped=False)[0] is False  # builds, leaves the record
     assert call()[0::2] == (True, 1)
     assert call(str(bd)) == (True, str(bd / "ctorstub.so"), 1)  # placed in a new directory: once
     assert call(str(bd)) == (True, str(bd / "ctorstub.so"), 1)  # the copy there
     assert cxx.compiles() == 1
+
+
+def test_on_btrfs_without_map_files_a_library_swapped_before_the_load_is_still_refused(btrfs_dir, tmp_path):
+    """The pair /proc/self/maps shows for the verified file (read from a mapping of the verified
+    descriptor itself) accepts that file only: an entry replaced between the check and the
+    ``dlopen`` (here on btrfs, in a process without map_files) is still refused."""
+    import subprocess
+    import sys
+
+    _skip_unless_map_files_can_be_refused()
+    base = btrfs_dir / tmp_path.name
+    base.mkdir()
+    code = """
+import os, sys, stubcache
+from stubcache.edge.errors import IntegrityError
+cache = stubcache.StubCache(sys.argv[1])
+entry = cache.get_or_build(stubcache.StubSpec("swapped", 'extern "C" int f(void) { return 1; }'))
+cache._lib_fds[entry.path] = cache._open_checked(entry)  # what load_entry verifies first
+other = stubcache.StubCache(sys.argv[2]).get_or_build(
+    stubcache.StubSpec("swapped", 'extern "C" int f(void) { return 2; }'))
+os.chmod(os.path.dirname(entry.path), 0o700)
+os.replace(other.path, entry.path)  # replaced after the check, before the dlopen
+try:
+    cache.load_entry(entry)
+except IntegrityError as exc:
+    print("refused", "not the verified file" in str(exc))
+else:
+    print("loaded")
+"""
+    proc = subprocess.run([*NO_MAP_FILES, sys.executable, "-c", code, str(base / "a"), str(base / "b")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["refused", "True"]
 
 
 def _umask() -> int:

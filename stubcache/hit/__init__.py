@@ -850,10 +850,12 @@ def _mapped_ok(real: str, st: os.stat_result, handle: int, fd: int) -> bool:
         # /proc/self/map_files needs CAP_CHECKPOINT_RESTORE or CAP_SYS_ADMIN (Linux 5.9 on): an
         # ordinary user's process, or root's in a container, finds the mappings by name instead.
         try:
-            maps = mappings(real)
+            maps, view = mappings(real)
+            if maps and any((dev, ino) != (st.st_dev, st.st_ino) for dev, ino, _ in maps):
+                maps, view = mappings(real, fd)  # read again with the pair the verified file shows
         except OSError:
             return False
-        if maps and all((dev, ino) == (st.st_dev, st.st_ino) for dev, ino, _ in maps):
+        if maps and all((dev, ino) in ((st.st_dev, st.st_ino), view) for dev, ino, _ in maps):
             MAPPED.add(real)
             return True
         return False
@@ -865,11 +867,17 @@ def _mapped_ok(real: str, st: os.stat_result, handle: int, fd: int) -> bool:
     return False
 
 
-def mappings(path: str) -> list[tuple[int, int, str]]:
+def mappings(path: str, fd: int | None = None) -> tuple[list[tuple[int, int, str]], tuple[int, int] | None]:
     # ``(dev, inode, address range)`` of each mapping of ``path`` in this process, from
-    # /proc/self/maps (0.1 ms in a bare process, 0.4-0.6 ms in one with torch loaded).
-    with open("/proc/self/maps", "rb") as fh:
-        data = fh.read()
+    # /proc/self/maps (0.1 ms in a bare process, 0.4-0.6 ms in one with torch loaded); with
+    # ``fd``, also the ``(dev, inode)`` that file shows there (see :func:`_view_map`), else None.
+    view = _view_map(fd) if fd is not None else None
+    try:
+        with open("/proc/self/maps", "rb") as fh:
+            data = fh.read()
+    finally:
+        if view is not None:
+            view[0].close()
     name = os.fsencode(path)
     out = []
     i = data.find(name)
@@ -878,10 +886,45 @@ def mappings(path: str) -> list[tuple[int, int, str]]:
         end = data.find(b"\n", i)
         parts = data[start:end if end != -1 else len(data)].split(None, 5)
         if len(parts) == 6 and parts[5] in (name, name + b" (deleted)"):  # the kernel's spelling
-            major, minor = (int(x, 16) for x in parts[3].split(b":"))
-            out.append((os.makedev(major, minor), int(parts[4]), parts[0].decode()))
+            out.append((*_dev_ino(parts), parts[0].decode()))
         i = data.find(name, end if end != -1 else len(data))
-    return out
+    if view is None:
+        return out, None
+    start = data.find(b"\n%08x-" % view[1]) + 1  # (the kernel's %08lx; the first line is the executable's)
+    if start == 0:
+        return out, None
+    parts = data[start:data.find(b"\n", start)].split(None, 5)
+    return out, (_dev_ino(parts) if len(parts) >= 5 else None)
+
+
+def _dev_ino(parts: list[bytes]) -> tuple[int, int]:
+    major, minor = (int(x, 16) for x in parts[3].split(b":"))
+    return os.makedev(major, minor), int(parts[4])
+
+
+def _view_map(fd: int) -> tuple[Any, int] | None:
+    # A private mapping of the file open as ``fd`` and its address, for mappings() to read back
+    # the ``(dev, inode)`` the kernel shows in /proc/self/maps for that very file. Where that is
+    # not what fstat says (btrfs shows the filesystem's device, fstat the subvolume's; overlayfs
+    # before Linux 6.8 shows the underlying layer's file), the loader's mapping of the same file
+    # shows the same pair, and this needs no capability (unlike /proc/self/map_files). On btrfs
+    # the pair is unique per subvolume only: a file of another subvolume at the library's path
+    # (a change under a private root) could show the same pair. None if the file cannot be mapped.
+    import ctypes
+    import mmap
+
+    try:
+        m = mmap.mmap(fd, mmap.PAGESIZE, access=mmap.ACCESS_COPY)  # (writable copy: from_buffer needs it)
+    except (OSError, ValueError, OverflowError):
+        return None
+    try:
+        cell = ctypes.c_char.from_buffer(m)
+        address = ctypes.addressof(cell)
+        del cell  # (an exported buffer would keep close() from unmapping it)
+    except BaseException:
+        m.close()
+        raise
+    return m, address
 
 
 def _load_checked(real: str, st: os.stat_result, fd: int) -> int | None:

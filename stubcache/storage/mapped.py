@@ -51,22 +51,27 @@ def check_mapped(path: str, st: os.stat_result, sha256: str, handle: int | None 
     from ..edge.errors import IntegrityError  # the full way only: a hit that matches never imports it
     from .store import file_sha256
 
-    maps = _mappings(os.path.realpath(path))
+    # With the verified descriptor, also the pair /proc/self/maps shows for that file, which
+    # can differ from fstat's (btrfs, overlayfs before Linux 6.8): a mapping showing it is the
+    # verified file, found without the capability /proc/self/map_files needs.
+    maps, view = _mappings(os.path.realpath(path))
+    if fd is not None and any((dev, ino) != (st.st_dev, st.st_ino) for dev, ino, _ in maps):
+        maps, view = _mappings(os.path.realpath(path), fd)
     if not maps:
         raise IntegrityError(f"{path} was loaded but does not appear in /proc/self/maps; refusing it")
     for dev, ino, span in maps:
-        if (dev, ino) == (st.st_dev, st.st_ino):
+        if (dev, ino) in ((st.st_dev, st.st_ino), view):
             continue
         try:
-            fd = os.open(f"/proc/self/map_files/{span}", os.O_RDONLY | os.O_CLOEXEC)
+            mapped_fd = os.open(f"/proc/self/map_files/{span}", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
-            fd = -1
-        if fd >= 0:
+            mapped_fd = -1
+        if mapped_fd >= 0:
             try:
-                if file_sha256(fd) == sha256:
+                if file_sha256(mapped_fd) == sha256:
                     continue
             finally:
-                os.close(fd)
+                os.close(mapped_fd)
         raise IntegrityError(
             f"the file mapped for {path} (device {dev}, inode {ino}) is not the verified file (device "
             f"{st.st_dev}, inode {st.st_ino}): the entry was replaced while it was loading; refusing it")
