@@ -87,7 +87,13 @@ def mode(p: Path) -> int:
 # --- locks -----------------------------------------------------------------------------------
 
 
-def test_a_lock_held_by_another_process_is_seen_named_and_freed_by_its_death(tmp_path):
+@pytest.mark.parametrize("fs", ["tmp", "btrfs"])
+def test_a_lock_held_by_another_process_is_seen_named_and_freed_by_its_death(tmp_path, fs, request):
+    """On btrfs too, where /proc/locks names the file by the filesystem's device and stat by the
+    subvolume's: before, the holder there was always "an unknown process"."""
+    if fs == "btrfs":
+        tmp_path = request.getfixturevalue("btrfs_dir") / f"locks-{os.getpid()}"
+        tmp_path.mkdir()
     path = tmp_path / "x.lock"
     holder = Holder(path)
     fd = lock_fd(tmp_path)

@@ -246,14 +246,36 @@ def lock_holders(fd: int) -> list[int]:
         data = _read_proc("/proc/locks", 8 << 20)
     except (OSError, ValueError):
         return []
-    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    # /proc/locks names a file by its filesystem's device, which is not always the one stat
+    # reports (btrfs reports each subvolume's own; an overlay's upper files, the upper layer's).
+    devs = {st.st_dev, _superblock_dev(fd)}
+    want = {f"{os.major(dev):02x}:{os.minor(dev):02x}:{st.st_ino}" for dev in devs if dev is not None}
     pids = []
     for line in data.decode("ascii", "replace").splitlines():
         parts = line.split()
         # "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"; "1: -> FLOCK ..." lines are waiters
-        if len(parts) >= 8 and parts[1] == "FLOCK" and parts[5] == want and parts[4].isdigit():
+        if len(parts) >= 8 and parts[1] == "FLOCK" and parts[5] in want and parts[4].isdigit():
             pids.append(int(parts[4]))
     return sorted(set(pids))
+
+
+def _superblock_dev(fd: int) -> int | None:
+    """The device of the filesystem the file open as ``fd`` is on, as the kernel names it in
+    /proc/locks (its mount's ``major:minor`` in /proc/self/mountinfo, found by the descriptor's
+    ``mnt_id``); None where that cannot be read."""
+    try:
+        info = _read_proc(f"/proc/self/fdinfo/{fd}", 1 << 16)
+        mnt = next((line.split()[1] for line in info.splitlines() if line.startswith(b"mnt_id:")), None)
+        if mnt is None:
+            return None
+        for line in _read_proc("/proc/self/mountinfo", 8 << 20).splitlines():
+            parts = line.split(None, 3)  # "36 35 0:42 / /mnt ...": mount id, parent id, major:minor
+            if len(parts) >= 3 and parts[0] == mnt:
+                major, minor = parts[2].split(b":")
+                return os.makedev(int(major), int(minor))
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _read_proc(path: str, cap: int) -> bytes:
