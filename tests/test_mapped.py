@@ -104,3 +104,88 @@ def test_a_mismatch_of_the_first_segment_goes_the_full_way(cache_root, tmp_path,
     finally:
         os.close(fd)
     assert scans == [real, real] and real in mapped._checked  # (again with the pair the copy shows)
+
+
+def _swap_in(cache, entry, other_root):
+    """Another build's library put at ``entry``'s path after the check, before the dlopen; the
+    original kept beside it as ``.orig``."""
+    other = stubcache.StubCache(other_root).get_or_build(
+        stubcache.StubSpec("swapback", 'extern "C" int f(void) { return 2; }'))
+    cache._lib_fds[entry.path] = cache._open_checked(entry)  # what load_entry verifies first
+    os.chmod(os.path.dirname(entry.path), 0o700)
+    os.rename(entry.path, entry.path + ".orig")
+    os.rename(other.path, entry.path)
+
+
+def test_a_library_swapped_back_between_the_two_reads_of_maps_is_refused(cache_root, tmp_path, monkeypatch):
+    """On a mismatch /proc/self/maps is read again with a mapping of the verified descriptor
+    (the pair it shows: btrfs, overlayfs). That mapping names the library's path too: it must not
+    count as the loader's. Here the swapped-in file is renamed away and the original put back
+    between the two reads, so that only the check's own mapping still names the path; before,
+    that passed and the other build was loaded (found by review, with a real race as well)."""
+    import pytest
+
+    cache = stubcache.StubCache()
+    entry = cache.get_or_build(stubcache.StubSpec("swapback", 'extern "C" int f(void) { return 1; }'))
+    _swap_in(cache, entry, tmp_path / "other")
+    full = mapped._mappings
+
+    def swap_back(path, fd=None):
+        if fd is not None:
+            os.rename(entry.path, entry.path + ".other")
+            os.rename(entry.path + ".orig", entry.path)
+        return full(path, fd)
+
+    monkeypatch.setattr(mapped, "_mappings", swap_back)
+    with pytest.raises(stubcache.IntegrityError, match="does not appear"):
+        cache.load_entry(entry)
+
+
+def test_a_same_numbered_library_of_another_btrfs_subvolume_is_refused_where_map_files_reads(
+        cache_root, btrfs_dir, tmp_path, monkeypatch):
+    """btrfs numbers inodes per subvolume and /proc/self/maps shows the filesystem's device: a
+    library of another subvolume with the verified file's inode number shows the same pair. A
+    process that may read /proc/self/map_files (root here) checksums the mapped bytes before it
+    would compare pairs, so such a swap is refused. (Without that capability the pair is all
+    there is: docs/cache.md, "Integrity".)"""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    _needs_map_files()
+    if not shutil.which("btrfs"):
+        pytest.skip("needs the btrfs tool (btrfs-progs)")
+    base = btrfs_dir / tmp_path.name
+    base.mkdir()
+    monkeypatch.setenv("STUBCACHE_DIR", str(base / "a"))
+    cache = stubcache.StubCache()
+    entry = cache.get_or_build(stubcache.StubSpec("subvol", 'extern "C" int f(void) { return 1; }'))
+    other = stubcache.StubCache(base / "b").get_or_build(
+        stubcache.StubSpec("subvol", 'extern "C" int f(void) { return 2; }'))
+    fd = cache._open_checked(entry)
+    cache._lib_fds[entry.path] = fd
+    want = os.fstat(fd).st_ino
+    edir, lib = os.path.dirname(entry.path), os.path.basename(entry.path)
+    planted = edir + ".planted"
+    subprocess.run(["btrfs", "-q", "subvolume", "create", planted], check=True, capture_output=True)
+    pads = []
+    while True:  # fill the new subvolume until its next inode number is the library's
+        pad = os.path.join(planted, f"pad{len(pads)}")
+        open(pad, "w").close()
+        pads.append(pad)
+        ino = os.stat(pad).st_ino
+        if ino == want - 1:
+            break
+        if ino >= want:
+            pytest.skip("this btrfs numbered the new subvolume past the library's inode")
+    shutil.copyfile(other.path, os.path.join(planted, lib))
+    assert os.stat(os.path.join(planted, lib)).st_ino == want
+    for pad in pads:
+        os.unlink(pad)
+    shutil.copyfile(os.path.join(edir, "manifest.json"), os.path.join(planted, "manifest.json"))
+    os.chmod(planted, 0o700)
+    os.rename(edir, edir + ".old")
+    os.rename(planted, edir)  # after the check, before the dlopen
+    with pytest.raises(stubcache.IntegrityError, match="not the verified file"):
+        cache.load_entry(entry)

@@ -871,6 +871,8 @@ def mappings(path: str, fd: int | None = None) -> tuple[list[tuple[int, int, str
     # ``(dev, inode, address range)`` of each mapping of ``path`` in this process, from
     # /proc/self/maps (0.1 ms in a bare process, 0.4-0.6 ms in one with torch loaded); with
     # ``fd``, also the ``(dev, inode)`` that file shows there (see :func:`_view_map`), else None.
+    # The mapping made for that is never among the rows: it names the path too, and a file
+    # swapped back to the path would otherwise pass as the loader's.
     view = _view_map(fd) if fd is not None else None
     try:
         with open("/proc/self/maps", "rb") as fh:
@@ -886,7 +888,8 @@ def mappings(path: str, fd: int | None = None) -> tuple[list[tuple[int, int, str
         end = data.find(b"\n", i)
         parts = data[start:end if end != -1 else len(data)].split(None, 5)
         if len(parts) == 6 and parts[5] in (name, name + b" (deleted)"):  # the kernel's spelling
-            out.append((*_dev_ino(parts), parts[0].decode()))
+            if view is None or int(parts[0].split(b"-")[0], 16) != view[1]:
+                out.append((*_dev_ino(parts), parts[0].decode()))
         i = data.find(name, end if end != -1 else len(data))
     if view is None:
         return out, None
@@ -908,13 +911,17 @@ def _view_map(fd: int) -> tuple[Any, int] | None:
     # not what fstat says (btrfs shows the filesystem's device, fstat the subvolume's; overlayfs
     # before Linux 6.8 shows the underlying layer's file), the loader's mapping of the same file
     # shows the same pair, and this needs no capability (unlike /proc/self/map_files). On btrfs
-    # the pair is unique per subvolume only: a file of another subvolume at the library's path
-    # (a change under a private root) could show the same pair. None if the file cannot be mapped.
+    # the pair is unique per subvolume only: a file of another subvolume with the same inode
+    # number, put at the library's path, shows the same pair (see docs/cache.md, "Integrity").
+    # None if the file cannot be mapped.
     import ctypes
     import mmap
 
     try:
-        m = mmap.mmap(fd, mmap.PAGESIZE, access=mmap.ACCESS_COPY)  # (writable copy: from_buffer needs it)
+        size = min(mmap.PAGESIZE, os.fstat(fd).st_size)  # (mmap refuses a length past the end)
+        if size <= 0:
+            return None
+        m = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)  # (writable copy: from_buffer needs it)
     except (OSError, ValueError, OverflowError):
         return None
     try:

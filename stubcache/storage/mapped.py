@@ -51,19 +51,24 @@ def check_mapped(path: str, st: os.stat_result, sha256: str, handle: int | None 
     from ..edge.errors import IntegrityError  # the full way only: a hit that matches never imports it
     from .store import file_sha256
 
-    # With the verified descriptor, also the pair /proc/self/maps shows for that file, which
-    # can differ from fstat's (btrfs, overlayfs before Linux 6.8): a mapping showing it is the
-    # verified file, found without the capability /proc/self/map_files needs.
+    # Where the kernel shows another pair in /proc/self/maps than fstat (btrfs, overlayfs before
+    # Linux 6.8), the mapped bytes are read back through /proc/self/map_files and checksummed.
+    # A process that may not (it lacks CAP_CHECKPOINT_RESTORE and CAP_SYS_ADMIN) compares the
+    # pair with the one the verified descriptor's own mapping shows (maps read again with it).
     maps, view = _mappings(os.path.realpath(path))
     if fd is not None and any((dev, ino) != (st.st_dev, st.st_ino) for dev, ino, _ in maps):
         maps, view = _mappings(os.path.realpath(path), fd)
     if not maps:
         raise IntegrityError(f"{path} was loaded but does not appear in /proc/self/maps; refusing it")
     for dev, ino, span in maps:
-        if (dev, ino) in ((st.st_dev, st.st_ino), view):
+        if (dev, ino) == (st.st_dev, st.st_ino):
             continue
         try:
             mapped_fd = os.open(f"/proc/self/map_files/{span}", os.O_RDONLY | os.O_CLOEXEC)
+        except PermissionError:
+            if (dev, ino) == view:
+                continue
+            mapped_fd = -1
         except OSError:
             mapped_fd = -1
         if mapped_fd >= 0:
