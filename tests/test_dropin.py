@@ -221,12 +221,12 @@ def test_loaded_library_shows_its_real_path_in_proc_maps(cache_root):
 
 
 def test_a_library_swapped_between_check_and_load_is_refused(cache_root, tmp_path, monkeypatch):
-    from stubcache.storage import mapped
+    from stubcache import hit
     from stubcache.edge.errors import IntegrityError
 
     scanned = []  # the direct check (map_files) only ever accepts: a mismatch goes the full way
-    full_scan = mapped._mappings
-    monkeypatch.setattr(mapped, "_mappings", lambda path, fd=None: scanned.append(path) or full_scan(path, fd))
+    full_scan = hit.mappings
+    monkeypatch.setattr(hit, "mappings", lambda path, fd=None: scanned.append(path) or full_scan(path, fd))
     cache = stubcache.StubCache()
     entry = cache.get_or_build(stubcache.StubSpec("swapped", 'extern "C" int f(void) { return 1; }'))
     fd = cache._open_checked(entry)  # what load_entry verifies first

@@ -9,6 +9,7 @@ import ctypes
 import os
 
 import stubcache
+from stubcache import hit
 from stubcache.storage import mapped
 
 
@@ -49,7 +50,7 @@ def test_a_hit_is_checked_without_reading_proc_maps(cache_root, monkeypatch):
     def no_scan(path, fd=None):
         raise AssertionError("read /proc/self/maps")
 
-    monkeypatch.setattr(mapped, "_mappings", no_scan)
+    monkeypatch.setattr(hit, "mappings", no_scan)
     cache = stubcache.StubCache()
     entry = cache.get_or_build(stubcache.StubSpec("direct_check", 'extern "C" int f(void) { return 3; }'))
     assert cache.load_entry(entry).f() == 3
@@ -95,8 +96,8 @@ def test_a_mismatch_of_the_first_segment_goes_the_full_way(cache_root, tmp_path,
     copy = tmp_path / "copy.so"
     shutil.copyfile(real, copy)
     scans = []
-    full = mapped._mappings
-    monkeypatch.setattr(mapped, "_mappings", lambda path, fd=None: scans.append(path) or full(path, fd))
+    full = hit.mappings
+    monkeypatch.setattr(hit, "mappings", lambda path, fd=None: scans.append(path) or full(path, fd))
     fd = os.open(copy, os.O_RDONLY | os.O_CLOEXEC)
     try:
         lib = ctypes.CDLL(real)
@@ -128,7 +129,7 @@ def test_a_library_swapped_back_between_the_two_reads_of_maps_is_refused(cache_r
     cache = stubcache.StubCache()
     entry = cache.get_or_build(stubcache.StubSpec("swapback", 'extern "C" int f(void) { return 1; }'))
     _swap_in(cache, entry, tmp_path / "other")
-    full = mapped._mappings
+    full = hit.mappings
 
     def swap_back(path, fd=None):
         if fd is not None:
@@ -136,7 +137,7 @@ def test_a_library_swapped_back_between_the_two_reads_of_maps_is_refused(cache_r
             os.rename(entry.path + ".orig", entry.path)
         return full(path, fd)
 
-    monkeypatch.setattr(mapped, "_mappings", swap_back)
+    monkeypatch.setattr(hit, "mappings", swap_back)
     with pytest.raises(stubcache.IntegrityError, match="does not appear"):
         cache.load_entry(entry)
 

@@ -850,9 +850,7 @@ def _mapped_ok(real: str, st: os.stat_result, handle: int, fd: int) -> bool:
         # /proc/self/map_files needs CAP_CHECKPOINT_RESTORE or CAP_SYS_ADMIN (Linux 5.9 on): an
         # ordinary user's process, or root's in a container, finds the mappings by name instead.
         try:
-            maps, view = mappings(real)
-            if maps and any((dev, ino) != (st.st_dev, st.st_ino) for dev, ino, _ in maps):
-                maps, view = mappings(real, fd)  # read again with the pair the verified file shows
+            maps, view = mappings_against(real, st, fd)
         except OSError:
             return False
         if maps and all((dev, ino) in ((st.st_dev, st.st_ino), view) for dev, ino, _ in maps):
@@ -898,6 +896,16 @@ def mappings(path: str, fd: int | None = None) -> tuple[list[tuple[int, int, str
         return out, None
     parts = data[start:data.find(b"\n", start)].split(None, 5)
     return out, (_dev_ino(parts) if len(parts) >= 5 else None)
+
+
+def mappings_against(path: str, st: os.stat_result, fd: int | None) -> tuple[list[tuple[int, int, str]],
+                                                                          tuple[int, int] | None]:
+    # :func:`mappings` of ``path``, read again with the verified descriptor ``fd`` (its pair, and
+    # its own mapping left out) where a row is not ``st``'s pair: btrfs, overlayfs before 6.8.
+    maps, view = mappings(path)
+    if fd is not None and any((dev, ino) != (st.st_dev, st.st_ino) for dev, ino, _ in maps):
+        maps, view = mappings(path, fd)
+    return maps, view
 
 
 def _dev_ino(parts: list[bytes]) -> tuple[int, int]:

@@ -22,7 +22,8 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (hit path
 
 # The direct way's pieces live in stubcache.hit, which checks a recorded hit's mapping
 # without importing this module; both share the set of paths already checked.
-from ..hit import MAPPED as _checked, first_segment as _first_segment, mappings as _mappings  # noqa: E402
+from ..hit import (MAPPED as _checked, first_segment as _first_segment,  # noqa: E402
+                   mappings_against as _mappings_against)
 
 def check_mapped(path: str, st: os.stat_result, sha256: str, handle: int | None = None,
                  fd: int | None = None) -> None:
@@ -55,9 +56,7 @@ def check_mapped(path: str, st: os.stat_result, sha256: str, handle: int | None 
     # Linux 6.8), the mapped bytes are read back through /proc/self/map_files and checksummed.
     # A process that may not (it lacks CAP_CHECKPOINT_RESTORE and CAP_SYS_ADMIN) compares the
     # pair with the one the verified descriptor's own mapping shows (maps read again with it).
-    maps, view = _mappings(os.path.realpath(path))
-    if fd is not None and any((dev, ino) != (st.st_dev, st.st_ino) for dev, ino, _ in maps):
-        maps, view = _mappings(os.path.realpath(path), fd)
+    maps, view = _mappings_against(os.path.realpath(path), st, fd)
     if not maps:
         raise IntegrityError(f"{path} was loaded but does not appear in /proc/self/maps; refusing it")
     for dev, ino, span in maps:
